@@ -1,0 +1,217 @@
+//! Storage types of weights, exactly as ggml defines them, and their reference dequantization.
+//!
+//! A block of `block_size()` values occupies `block_bytes()` bytes. The fast kernels in
+//! `backend::cpu` compute on these blocks directly; the functions here are the f32 reference they
+//! are tested against.
+
+use crate::error::{Error, Result};
+use half::{bf16, f16};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+pub const QK: usize = 32;
+pub const QK_K: usize = 256;
+
+impl DType {
+    /// The ggml type id stored in GGUF tensor infos.
+    pub fn from_ggml(id: u32) -> Result<Self> {
+        Ok(match id {
+            0 => DType::F32,
+            1 => DType::F16,
+            2 => DType::Q4_0,
+            3 => DType::Q4_1,
+            6 => DType::Q5_0,
+            7 => DType::Q5_1,
+            8 => DType::Q8_0,
+            12 => DType::Q4K,
+            13 => DType::Q5K,
+            14 => DType::Q6K,
+            30 => DType::BF16,
+            _ => return Err(Error::Unsupported(format!("ggml tensor type {id}"))),
+        })
+    }
+
+    pub fn block_size(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => QK,
+            DType::Q4K | DType::Q5K | DType::Q6K => QK_K,
+        }
+    }
+
+    pub fn block_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q8_0 => 34,
+            DType::Q4K => 144,
+            DType::Q5K => 176,
+            DType::Q6K => 210,
+        }
+    }
+
+    /// Bytes taken by `n` values, or an error when `n` is not a whole number of blocks or overflows.
+    pub fn bytes_for(self, n: usize) -> Result<usize> {
+        if n % self.block_size() != 0 {
+            return Err(Error::invalid_model(format!(
+                "{n} values of {self:?} are not a whole number of {}-value blocks",
+                self.block_size()
+            )));
+        }
+        (n / self.block_size())
+            .checked_mul(self.block_bytes())
+            .ok_or_else(|| Error::invalid_model("tensor size overflows"))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::Q8_0 => "q8_0",
+            DType::Q4K => "q4_k",
+            DType::Q5K => "q5_k",
+            DType::Q6K => "q6_k",
+        }
+    }
+}
+
+#[inline]
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// The 6-bit scale and min of sub-block `j` of a Q4_K/Q5_K block's packed 12-byte scales.
+#[inline]
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Dequantize `out.len()` values (a whole number of blocks) from `src`.
+pub fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) {
+    let bs = dtype.block_size();
+    let bb = dtype.block_bytes();
+    debug_assert_eq!(out.len() % bs, 0);
+    debug_assert!(src.len() >= out.len() / bs * bb);
+    for (blk, y) in src.chunks_exact(bb).zip(out.chunks_exact_mut(bs)) {
+        dequantize_block(dtype, blk, y);
+    }
+}
+
+fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
+    match dtype {
+        DType::F32 => y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        DType::F16 => y[0] = f16_at(b, 0),
+        DType::BF16 => y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        DType::Q4_0 => {
+            let d = f16_at(b, 0);
+            let qs = &b[2..18];
+            for j in 0..16 {
+                y[j] = ((qs[j] & 0xF) as i32 - 8) as f32 * d;
+                y[j + 16] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
+            }
+        }
+        DType::Q4_1 => {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            let qs = &b[4..20];
+            for j in 0..16 {
+                y[j] = (qs[j] & 0xF) as f32 * d + m;
+                y[j + 16] = (qs[j] >> 4) as f32 * d + m;
+            }
+        }
+        DType::Q5_0 | DType::Q5_1 => {
+            let (d, m, off) = if dtype == DType::Q5_0 {
+                (f16_at(b, 0), -16.0 * f16_at(b, 0), 2)
+            } else {
+                (f16_at(b, 0), f16_at(b, 2), 4)
+            };
+            let qh = u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]]);
+            let qs = &b[off + 4..off + 20];
+            for j in 0..16 {
+                let h0 = ((qh >> j) << 4) & 0x10;
+                let h1 = (qh >> (j + 12)) & 0x10;
+                y[j] = ((qs[j] as u32 & 0xF) | h0) as f32 * d + m;
+                y[j + 16] = ((qs[j] as u32 >> 4) | h1) as f32 * d + m;
+            }
+        }
+        DType::Q8_0 => {
+            let d = f16_at(b, 0);
+            for j in 0..32 {
+                y[j] = b[2 + j] as i8 as f32 * d;
+            }
+        }
+        DType::Q4K | DType::Q5K => {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let scales = &b[4..16];
+            let (qh, qs) = if dtype == DType::Q5K {
+                (Some(&b[16..48]), &b[48..176])
+            } else {
+                (None, &b[16..144])
+            };
+            for j in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * j, scales);
+                let (sc2, m2) = scale_min_k4(2 * j + 1, scales);
+                let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
+                let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
+                let q = &qs[32 * j..32 * j + 32];
+                for l in 0..32 {
+                    let (mut lo, mut hi) = ((q[l] & 0xF) as u32, (q[l] >> 4) as u32);
+                    if let Some(qh) = qh {
+                        lo |= ((qh[l] >> (2 * j)) as u32 & 1) << 4;
+                        hi |= ((qh[l] >> (2 * j + 1)) as u32 & 1) << 4;
+                    }
+                    y[64 * j + l] = d1 * lo as f32 - m1;
+                    y[64 * j + 32 + l] = d2 * hi as f32 - m2;
+                }
+            }
+        }
+        DType::Q6K => {
+            let d = f16_at(b, 208);
+            for n in 0..2 {
+                let ql = &b[64 * n..64 * n + 64];
+                let qh = &b[128 + 32 * n..128 + 32 * n + 32];
+                let sc = &b[192 + 8 * n..192 + 8 * n + 8];
+                let y = &mut y[128 * n..128 * n + 128];
+                for l in 0..32 {
+                    let is = l / 16;
+                    let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                    let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                    let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                    let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                    y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                    y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                    y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                    y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+                }
+            }
+        }
+    }
+}
