@@ -1,6 +1,11 @@
-//! What a model is: its config, its weights as stored (GGUF or safetensors), its tokenizer.
+//! What a model is: its config, its weights as stored (GGUF or safetensors), its tokenizer, and
+//! the transformer forward over a backend.
 
 pub mod config;
 pub mod gguf;
+pub mod load;
 pub mod quant;
+pub mod runner;
+pub mod tokenizer;
+pub mod transformer;
 pub mod weights;

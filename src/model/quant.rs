@@ -215,3 +215,153 @@ fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(x: f32) -> [u8; 2] {
+        f16::from_f32(x).to_le_bytes()
+    }
+
+    fn deq(dtype: DType, block: &[u8]) -> Vec<f32> {
+        assert_eq!(block.len(), dtype.block_bytes());
+        let mut y = vec![0.0; dtype.block_size()];
+        dequantize(dtype, block, &mut y);
+        y
+    }
+
+    #[test]
+    fn plain_floats() {
+        assert_eq!(deq(DType::F32, &1.5f32.to_le_bytes()), [1.5]);
+        assert_eq!(deq(DType::F16, &h(-2.25)), [-2.25]);
+        assert_eq!(deq(DType::BF16, &bf16::from_f32(3.0).to_le_bytes()), [3.0]);
+    }
+
+    #[test]
+    fn q4_0_and_q4_1() {
+        // Byte j holds value j in its low nibble and value j + 16 in its high nibble.
+        let mut b = h(0.5).to_vec();
+        b.extend((0..16u8).map(|j| (15 - j) << 4 | j));
+        let y = deq(DType::Q4_0, &b);
+        assert_eq!(y[0], (0.0 - 8.0) * 0.5);
+        assert_eq!(y[3], (3.0 - 8.0) * 0.5);
+        assert_eq!(y[16], (15.0 - 8.0) * 0.5);
+        assert_eq!(y[31], (0.0 - 8.0) * 0.5);
+
+        let mut b = [h(0.5), h(-1.0)].concat();
+        b.extend((0..16u8).map(|j| (15 - j) << 4 | j));
+        let y = deq(DType::Q4_1, &b);
+        assert_eq!(y[5], 5.0 * 0.5 - 1.0);
+        assert_eq!(y[17], 14.0 * 0.5 - 1.0);
+    }
+
+    #[test]
+    fn q5_0_and_q5_1() {
+        // qh bit j is the 5th bit of value j; bit j + 16 that of value j + 16.
+        let qh: u32 = (1 << 2) | (1 << 18);
+        let mut b = h(0.25).to_vec();
+        b.extend(qh.to_le_bytes());
+        b.extend([0x31u8; 16]); // low nibble 1, high nibble 3
+        let y = deq(DType::Q5_0, &b);
+        assert_eq!(y[0], (1.0 - 16.0) * 0.25);
+        assert_eq!(y[2], (17.0 - 16.0) * 0.25);
+        assert_eq!(y[16], (3.0 - 16.0) * 0.25);
+        assert_eq!(y[18], (19.0 - 16.0) * 0.25);
+
+        let mut b = [h(0.25), h(2.0)].concat();
+        b.extend(qh.to_le_bytes());
+        b.extend([0x31u8; 16]);
+        let y = deq(DType::Q5_1, &b);
+        assert_eq!(y[2], 17.0 * 0.25 + 2.0);
+        assert_eq!(y[18], 19.0 * 0.25 + 2.0);
+        assert_eq!(y[1], 1.0 * 0.25 + 2.0);
+    }
+
+    #[test]
+    fn q8_0() {
+        let mut b = h(0.5).to_vec();
+        b.extend((0..32).map(|j| (j as i8 - 16) as u8));
+        let y = deq(DType::Q8_0, &b);
+        assert_eq!(y[0], -8.0);
+        assert_eq!(y[31], 7.5);
+    }
+
+    /// Packed 6-bit scales/mins of the eight 32-value sub-blocks of a Q4_K/Q5_K block.
+    fn k_scales(sc: [u8; 8], m: [u8; 8]) -> [u8; 12] {
+        let mut q = [0u8; 12];
+        for j in 0..4 {
+            q[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+            q[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+            q[j + 8] = (sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4);
+        }
+        q
+    }
+
+    #[test]
+    fn scale_min_unpacking_roundtrips() {
+        let sc = [1, 2, 63, 4, 33, 17, 63, 0];
+        let m = [5, 0, 7, 62, 48, 1, 31, 63];
+        let q = k_scales(sc, m);
+        for j in 0..8 {
+            assert_eq!(scale_min_k4(j, &q), (sc[j], m[j]), "sub-block {j}");
+        }
+    }
+
+    #[test]
+    fn q4_k_and_q5_k() {
+        let sc = [1, 2, 3, 4, 5, 6, 7, 40];
+        let m = [0, 1, 2, 3, 4, 5, 6, 50];
+        let mut b = [h(0.5), h(0.25)].concat();
+        b.extend(k_scales(sc, m));
+        // Every byte: low nibble 3 (first sub-block of each pair), high nibble 9 (second).
+        b.extend([0x93u8; 128]);
+        let y = deq(DType::Q4K, &b);
+        for s in 0..8 {
+            let q = if s % 2 == 0 { 3.0 } else { 9.0 };
+            let want = 0.5 * sc[s] as f32 * q - 0.25 * m[s] as f32;
+            assert_eq!(y[32 * s], want, "sub-block {s}");
+            assert_eq!(y[32 * s + 31], want, "sub-block {s}");
+        }
+
+        let mut b = [h(0.5), h(0.25)].concat();
+        b.extend(k_scales(sc, m));
+        // qh byte l bit s = high bit of value l of sub-block s: set it for sub-blocks 1 and 6, l = 0.
+        let mut qh = [0u8; 32];
+        qh[0] = (1 << 1) | (1 << 6);
+        b.extend(qh);
+        b.extend([0x93u8; 128]);
+        let y = deq(DType::Q5K, &b);
+        assert_eq!(y[32], 0.5 * 2.0 * (9.0 + 16.0) - 0.25 * 1.0);
+        assert_eq!(y[33], 0.5 * 2.0 * 9.0 - 0.25 * 1.0);
+        assert_eq!(y[192], 0.5 * 7.0 * (3.0 + 16.0) - 0.25 * 6.0);
+        assert_eq!(y[0], 0.5 * 1.0 * 3.0);
+    }
+
+    #[test]
+    fn q6_k() {
+        let mut b = vec![0u8; 210];
+        // Value 0: low 4 bits from ql[0] low nibble, high 2 bits from qh[0] bits 0-1.
+        b[0] = 0x0A; // value 0 low nibble 10; value 64 low nibble 0
+        b[128] = 0b10; // value 0 high bits 2 -> q = 10 + 32 - 32 = 10
+        b[64 + 32] = 0xF0; // half 2: value 128 + 96 + 32 = 224's low nibble lives in ql[96] high nibble
+        b[128 + 32] = 0b11 << 6; // qh[32] bits 6-7: high bits of value 224
+        for (i, s) in (192..208).zip([2i8, -3, 4, 5, 6, 7, 8, 9, 1, 1, 1, 1, 1, 1, -2, 1]) {
+            b[i] = s as u8;
+        }
+        b[208..210].copy_from_slice(&h(0.5));
+        let y = deq(DType::Q6K, &b);
+        assert_eq!(y[0], 0.5 * 2.0 * 10.0);
+        assert_eq!(y[1], 0.5 * 2.0 * -32.0);
+        // Value 224 = second half, last quarter, l = 0 -> scale 8 + 6 = 14.
+        assert_eq!(y[224], 0.5 * -2.0 * (15.0 + 48.0 - 32.0));
+    }
+
+    #[test]
+    fn sizes_are_checked() {
+        assert_eq!(DType::Q4K.bytes_for(512).unwrap(), 288);
+        assert!(DType::Q4K.bytes_for(100).is_err());
+        assert!(DType::F32.bytes_for(usize::MAX).is_err());
+        assert!(DType::from_ggml(99).is_err());
+    }
+}

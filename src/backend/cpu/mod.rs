@@ -1,0 +1,225 @@
+//! The CPU backend: the reference every other backend is tested against, and the fallback where
+//! there is no GPU (natively multi-threaded; single-threaded wasm in the browser).
+
+mod matmul;
+mod pool;
+
+use std::future::{ready, Future};
+
+use crate::backend::{AttnShape, Backend, Batch};
+use crate::error::{Error, Result};
+use crate::model::weights::Weight;
+use pool::{Pool, SharedMut};
+
+pub use matmul::matmul;
+pub use pool::Pool as CpuPool;
+
+/// A row-major `[rows, cols]` f32 matrix.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl Tensor {
+    pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Self {
+        assert_eq!(data.len(), rows * cols, "tensor data does not match its shape");
+        Tensor { rows, cols, data }
+    }
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// K and V of every layer, `[slot, kv_dim]` each, grown on demand up to `capacity` slots.
+pub struct Cache {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    kv_dim: usize,
+    capacity: usize,
+}
+
+pub struct CpuBackend {
+    pool: Pool,
+}
+
+impl CpuBackend {
+    /// A backend computing on `threads` threads (0 = all available cores).
+    pub fn new(threads: usize) -> Result<Self> {
+        Ok(CpuBackend { pool: Pool::new(threads)? })
+    }
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+}
+
+fn shape_check(ok: bool, what: &str) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!("tensor shape mismatch in {what}")))
+    }
+}
+
+impl Backend for CpuBackend {
+    type Weight = Weight;
+    type Tensor = Tensor;
+    type Cache = Cache;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.threads())
+    }
+
+    fn load_weight(&self, w: &Weight) -> Result<Weight> {
+        Ok(w.clone())
+    }
+
+    fn new_cache(&self, n_layers: usize, capacity: usize, kv_dim: usize) -> Result<Cache> {
+        Ok(Cache { k: vec![Vec::new(); n_layers], v: vec![Vec::new(); n_layers], kv_dim, capacity })
+    }
+
+    fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
+        let d = table.cols;
+        let mut out = vec![0.0; ids.len() * d];
+        for (i, &id) in ids.iter().enumerate() {
+            if id as usize >= table.rows {
+                return Err(Error::InvalidArgument(format!(
+                    "token id {id} is outside the vocabulary of {} tokens",
+                    table.rows
+                )));
+            }
+            table.dequantize_row(id as usize, &mut out[i * d..(i + 1) * d]);
+        }
+        Ok(Tensor::new(ids.len(), d, out))
+    }
+
+    fn rms_norm(&self, x: &Tensor, w: &Weight, eps: f32) -> Result<Tensor> {
+        shape_check(w.rows * w.cols == x.cols, "rms_norm")?;
+        let w = w.to_f32();
+        let mut out = x.clone();
+        for row in out.data.chunks_exact_mut(x.cols) {
+            let ms = row.iter().map(|v| v * v).sum::<f32>() / x.cols as f32;
+            let s = 1.0 / (ms + eps).sqrt();
+            row.iter_mut().zip(&w).for_each(|(v, g)| *v *= s * g);
+        }
+        Ok(out)
+    }
+
+    fn matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>) -> Result<Tensor> {
+        shape_check(w.cols == x.cols, "matmul")?;
+        let mut out = vec![0.0; x.rows * w.rows];
+        matmul::matmul(&self.pool, &x.data, x.rows, w, &mut out);
+        if let Some(b) = bias {
+            let b = b.to_f32();
+            shape_check(b.len() == w.rows, "matmul bias")?;
+            out.chunks_exact_mut(w.rows).for_each(|r| r.iter_mut().zip(&b).for_each(|(y, b)| *y += b));
+        }
+        Ok(Tensor::new(x.rows, w.rows, out))
+    }
+
+    fn rope(&self, x: &mut Tensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
+        shape_check(positions.len() == x.rows && x.cols % head_dim == 0, "rope")?;
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32)).collect();
+        for (r, &pos) in positions.iter().enumerate() {
+            let (sin, cos): (Vec<f32>, Vec<f32>) =
+                inv_freq.iter().map(|f| (pos as f32 * f).sin_cos()).unzip();
+            let cols = x.cols;
+            for head in x.data[r * cols..(r + 1) * cols].chunks_exact_mut(head_dim) {
+                for i in 0..half {
+                    let (a, b) = (head[i], head[i + half]);
+                    head[i] = a * cos[i] - b * sin[i];
+                    head[i + half] = b * cos[i] + a * sin[i];
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cache: &mut Cache,
+        layer: usize,
+        batch: &Batch,
+        s: AttnShape,
+    ) -> Result<Tensor> {
+        let kv_dim = cache.kv_dim;
+        shape_check(
+            k.cols == kv_dim && v.cols == kv_dim && q.cols == s.n_heads * s.head_dim && q.rows == batch.len(),
+            "attention",
+        )?;
+        let extent = batch.slot_extent();
+        if extent > cache.capacity {
+            return Err(Error::ContextOverflow { prompt: extent, requested: 0, context: cache.capacity });
+        }
+        let (kc, vc) = (&mut cache.k[layer], &mut cache.v[layer]);
+        if kc.len() < extent * kv_dim {
+            kc.resize(extent * kv_dim, 0.0);
+            vc.resize(extent * kv_dim, 0.0);
+        }
+        for (r, &slot) in batch.slots.iter().enumerate() {
+            let at = slot as usize * kv_dim;
+            kc[at..at + kv_dim].copy_from_slice(k.row(r));
+            vc[at..at + kv_dim].copy_from_slice(v.row(r));
+        }
+        let (kc, vc) = (&*kc, &*vc);
+        let hd = s.head_dim;
+        let group = s.n_heads / s.n_kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out = vec![0.0; q.rows * q.cols];
+        let out_ptr = SharedMut(out.as_mut_ptr());
+        self.pool.for_each(q.rows * s.n_heads, |job| {
+            let out_ptr = out_ptr;
+            let (r, h) = (job / s.n_heads, job % s.n_heads);
+            let kvo = (h / group) * hd;
+            let qh = &q.row(r)[h * hd..(h + 1) * hd];
+            let slots: Vec<usize> = batch.attended(r).collect();
+            let mut scores: Vec<f32> =
+                slots.iter().map(|&t| matmul::dot(qh, &kc[t * kv_dim + kvo..t * kv_dim + kvo + hd]) * scale).collect();
+            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0;
+            scores.iter_mut().for_each(|x| {
+                *x = (*x - max).exp();
+                sum += *x;
+            });
+            // SAFETY: job (r, h) alone writes this head's hd outputs of row r.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(r * q.cols + h * hd), hd) };
+            for (&t, &p) in slots.iter().zip(&scores) {
+                let vrow = &vc[t * kv_dim + kvo..t * kv_dim + kvo + hd];
+                o.iter_mut().zip(vrow).for_each(|(o, v)| *o += p / sum * v);
+            }
+        });
+        Ok(Tensor::new(q.rows, q.cols, out))
+    }
+
+    fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        shape_check(gate.data.len() == up.data.len(), "swiglu")?;
+        let data = gate.data.iter().zip(&up.data).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+        Ok(Tensor::new(gate.rows, gate.cols, data))
+    }
+
+    fn add_assign(&self, x: &mut Tensor, y: &Tensor) -> Result<()> {
+        shape_check(x.data.len() == y.data.len(), "add")?;
+        x.data.iter_mut().zip(&y.data).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn select_rows(&self, x: &Tensor, rows: &[u32]) -> Result<Tensor> {
+        shape_check(rows.iter().all(|&r| (r as usize) < x.rows), "select_rows")?;
+        let data = rows.iter().flat_map(|&r| x.row(r as usize).iter().copied()).collect();
+        Ok(Tensor::new(rows.len(), x.cols, data))
+    }
+
+    fn read(&self, x: &Tensor) -> impl Future<Output = Result<Vec<f32>>> {
+        ready(Ok(x.data.clone()))
+    }
+
+    fn argmax(&self, x: &Tensor) -> impl Future<Output = Result<Vec<u32>>> {
+        ready(Ok((0..x.rows).map(|r| crate::sampling::argmax(x.row(r))).collect()))
+    }
+}

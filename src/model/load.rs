@@ -1,0 +1,366 @@
+//! Turning model files into [`ModelFile`]: a GGUF file, or a Hugging Face directory
+//! (config.json + safetensors + tokenizer.json).
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::model::config::{Arch, ModelConfig};
+use crate::model::gguf::Gguf;
+use crate::model::quant::DType;
+use crate::model::tokenizer::Tokenizer;
+use crate::model::weights::{Bytes, LayerWeights, ModelWeights, Storage, Weight};
+
+/// Everything needed to run and talk to a model.
+pub struct ModelFile {
+    pub weights: ModelWeights,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<String>,
+}
+
+/// Tensors by name, in their storage type and shape (rows, cols); a vector is 1 row.
+type Tensors = HashMap<String, Weight>;
+
+fn take(t: &mut Tensors, name: &str) -> Result<Weight> {
+    t.remove(name).ok_or_else(|| Error::invalid_model(format!("tensor {name} missing")))
+}
+
+fn expect_shape(w: &Weight, name: &str, rows: usize, cols: usize) -> Result<()> {
+    if w.rows * w.cols == rows * cols && w.cols == cols {
+        Ok(())
+    } else {
+        Err(Error::invalid_model(format!(
+            "tensor {name} is {}x{}, expected {rows}x{cols}",
+            w.rows, w.cols
+        )))
+    }
+}
+
+/// GGUF llama files store Q/K rows interleaved per head (pairs adjacent); the forward uses the
+/// rotate-half RoPE of HF, whose row order puts each pair's halves `head_dim / 2` apart.
+fn unpermute_qk(w: &Weight, n_heads: usize) -> Weight {
+    let hd = w.rows / n_heads;
+    let perm: Vec<usize> = (0..w.rows)
+        .map(|i| {
+            let (h, r) = (i / hd, i % hd);
+            let (s, j) = (r / (hd / 2), r % (hd / 2));
+            h * hd + 2 * j + s
+        })
+        .collect();
+    w.permute_rows(&perm)
+}
+
+/// Assemble the model from named tensors, given names in one naming scheme.
+fn assemble(config: ModelConfig, mut t: Tensors, names: &dyn Fn(&str, Option<usize>) -> String) -> Result<ModelWeights> {
+    config.validate()?;
+    let c = &config;
+    let (d, q, kv, f) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ffn);
+    let mut get = |key: &str, layer: Option<usize>, rows: usize, cols: usize| -> Result<Weight> {
+        let name = names(key, layer);
+        let w = take(&mut t, &name)?;
+        expect_shape(&w, &name, rows, cols)?;
+        Ok(Weight { rows, cols, ..w })
+    };
+    let embed = get("embed", None, c.vocab_size, d)?;
+    let mut layers = Vec::with_capacity(c.n_layers);
+    for i in 0..c.n_layers {
+        let l = Some(i);
+        let bias = c.arch == Arch::Qwen2;
+        let mut b = |key: &str, n: usize| if bias { get(key, l, 1, n).map(Some) } else { Ok(None) };
+        let (bq, bk, bv) = (b("bq", q)?, b("bk", kv)?, b("bv", kv)?);
+        layers.push(LayerWeights {
+            attn_norm: get("attn_norm", l, 1, d)?,
+            wq: get("wq", l, q, d)?,
+            wk: get("wk", l, kv, d)?,
+            wv: get("wv", l, kv, d)?,
+            bq,
+            bk,
+            bv,
+            wo: get("wo", l, d, q)?,
+            ffn_norm: get("ffn_norm", l, 1, d)?,
+            w_gate: get("w_gate", l, f, d)?,
+            w_up: get("w_up", l, f, d)?,
+            w_down: get("w_down", l, d, f)?,
+        });
+    }
+    let norm = get("norm", None, 1, d)?;
+    let output = if c.tied_embeddings { embed.clone() } else { get("output", None, c.vocab_size, d)? };
+    Ok(ModelWeights { config, embed, layers, norm, output })
+}
+
+fn gguf_name(key: &str, layer: Option<usize>) -> String {
+    let base = match key {
+        "embed" => "token_embd",
+        "norm" => "output_norm",
+        "output" => "output",
+        "attn_norm" => "attn_norm",
+        "wq" | "bq" => "attn_q",
+        "wk" | "bk" => "attn_k",
+        "wv" | "bv" => "attn_v",
+        "wo" => "attn_output",
+        "ffn_norm" => "ffn_norm",
+        "w_gate" => "ffn_gate",
+        "w_up" => "ffn_up",
+        "w_down" => "ffn_down",
+        _ => unreachable!("unknown weight key {key}"),
+    };
+    let kind = if key.starts_with('b') && key.len() == 2 { "bias" } else { "weight" };
+    match layer {
+        Some(i) => format!("blk.{i}.{base}.{kind}"),
+        None => format!("{base}.{kind}"),
+    }
+}
+
+fn hf_name(key: &str, layer: Option<usize>) -> String {
+    let base = match key {
+        "embed" => return "model.embed_tokens.weight".into(),
+        "norm" => return "model.norm.weight".into(),
+        "output" => return "lm_head.weight".into(),
+        "attn_norm" => "input_layernorm",
+        "wq" | "bq" => "self_attn.q_proj",
+        "wk" | "bk" => "self_attn.k_proj",
+        "wv" | "bv" => "self_attn.v_proj",
+        "wo" => "self_attn.o_proj",
+        "ffn_norm" => "post_attention_layernorm",
+        "w_gate" => "mlp.gate_proj",
+        "w_up" => "mlp.up_proj",
+        "w_down" => "mlp.down_proj",
+        _ => unreachable!("unknown weight key {key}"),
+    };
+    let kind = if key.starts_with('b') && key.len() == 2 { "bias" } else { "weight" };
+    format!("model.layers.{}.{base}.{kind}", layer.unwrap_or(0))
+}
+
+/// Load a GGUF model from its bytes.
+pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
+    let buf: &[u8] = (*storage).as_ref();
+    let g = Gguf::parse(buf)?;
+    let arch_name = g
+        .get_str("general.architecture")
+        .ok_or_else(|| Error::invalid_model("GGUF metadata general.architecture missing"))?;
+    let arch = Arch::parse(arch_name)?;
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let u = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
+    let f = |k: &str, default: f64| g.get(&key(k)).and_then(|v| v.as_f64()).unwrap_or(default) as f32;
+    let tokenizer = Tokenizer::from_gguf(&g)?;
+
+    let mut tensors = Tensors::new();
+    for ti in &g.tensors {
+        let cols = ti.dims[0];
+        let rows = ti.dims[1..].iter().product();
+        let w = Weight::new(ti.dtype, rows, cols, Bytes::new(storage.clone(), ti.range.clone()))?;
+        tensors.insert(ti.name.clone(), w);
+    }
+    let (d_model, n_heads) = (u("embedding_length")?, u("attention.head_count")?);
+    let vocab_size = tensors
+        .get("token_embd.weight")
+        .map(|w| w.rows)
+        .ok_or_else(|| Error::invalid_model("tensor token_embd.weight missing"))?;
+    let config = ModelConfig {
+        arch,
+        n_layers: u("block_count")?,
+        d_model,
+        n_heads,
+        n_kv_heads: u("attention.head_count_kv").unwrap_or(n_heads),
+        head_dim: u("attention.key_length").unwrap_or(d_model / n_heads.max(1)),
+        d_ffn: u("feed_forward_length")?,
+        vocab_size,
+        rope_theta: f("rope.freq_base", 10000.0),
+        rms_eps: f("attention.layer_norm_rms_epsilon", 1e-6),
+        context_length: u("context_length").unwrap_or(2048),
+        tied_embeddings: !tensors.contains_key("output.weight"),
+    };
+    config.validate()?;
+    if arch == Arch::Llama {
+        for i in 0..config.n_layers {
+            for (name, heads) in [("attn_q", config.n_heads), ("attn_k", config.n_kv_heads)] {
+                let name = format!("blk.{i}.{name}.weight");
+                if let Some(w) = tensors.get(&name) {
+                    let w = unpermute_qk(w, heads);
+                    tensors.insert(name, w);
+                }
+            }
+        }
+    }
+    let chat_template = g.get_str("tokenizer.chat_template").map(str::to_owned);
+    let weights = assemble(config, tensors, &gguf_name)?;
+    Ok(ModelFile { weights, tokenizer, chat_template })
+}
+
+#[derive(Deserialize)]
+struct HfConfig {
+    model_type: String,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_attention_heads: usize,
+    num_hidden_layers: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: usize,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f32,
+    #[serde(default = "default_theta")]
+    rope_theta: f32,
+    max_position_embeddings: Option<usize>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    eos_token_id: Option<serde_json::Value>,
+}
+fn default_eps() -> f32 {
+    1e-6
+}
+fn default_theta() -> f32 {
+    10000.0
+}
+
+fn eos_ids(v: &serde_json::Value) -> Vec<u32> {
+    match v {
+        serde_json::Value::Number(n) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        serde_json::Value::Array(a) => a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32).collect(),
+        _ => vec![],
+    }
+}
+
+/// The files of a Hugging Face model directory, by name (a filesystem directory natively, or
+/// downloaded files in the browser). `None` = the file does not exist.
+pub trait FileSource {
+    fn read(&self, name: &str) -> Result<Option<Storage>>;
+}
+
+fn read_required(src: &dyn FileSource, name: &str) -> Result<Storage> {
+    src.read(name)?.ok_or_else(|| Error::invalid_model(format!("{name} missing from the model directory")))
+}
+
+fn json<T: for<'de> Deserialize<'de>>(s: &Storage, name: &str) -> Result<T> {
+    serde_json::from_slice((**s).as_ref()).map_err(|e| Error::invalid_model(format!("{name}: {e}")))
+}
+
+/// Load a Hugging Face model directory: config.json, model.safetensors or the shards listed in
+/// model.safetensors.index.json, tokenizer.json, and tokenizer_config.json for the chat template.
+pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
+    let cfg: HfConfig = json(&read_required(src, "config.json")?, "config.json")?;
+    let arch = Arch::parse(&cfg.model_type)?;
+    let tok_bytes = src
+        .read("tokenizer.json")?
+        .ok_or_else(|| Error::Tokenizer("tokenizer.json missing from the model directory".into()))?;
+    let mut tokenizer = Tokenizer::from_json((*tok_bytes).as_ref())?;
+    let mut chat_template = None;
+    if let Some(tc) = src.read("tokenizer_config.json")? {
+        let tc: serde_json::Value = json(&tc, "tokenizer_config.json")?;
+        chat_template = tc.get("chat_template").and_then(|v| v.as_str()).map(str::to_owned);
+    }
+    let mut eos = cfg.eos_token_id.as_ref().map(eos_ids).unwrap_or_default();
+    if let Some(gc) = src.read("generation_config.json")? {
+        let gc: serde_json::Value = json(&gc, "generation_config.json")?;
+        eos.extend(gc.get("eos_token_id").map(eos_ids).unwrap_or_default());
+    }
+    eos.sort_unstable();
+    eos.dedup();
+    if !eos.is_empty() {
+        tokenizer = tokenizer.with_eos(eos);
+    }
+
+    let shards: Vec<String> = match src.read("model.safetensors.index.json")? {
+        Some(idx) => {
+            let idx: serde_json::Value = json(&idx, "model.safetensors.index.json")?;
+            let map = idx
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::invalid_model("model.safetensors.index.json has no weight_map"))?;
+            let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+            files.sort();
+            files.dedup();
+            files
+        }
+        None => vec!["model.safetensors".into()],
+    };
+    let mut tensors = Tensors::new();
+    for shard in &shards {
+        let storage = read_required(src, shard)?;
+        let buf: &[u8] = (*storage).as_ref();
+        let st = safetensors::SafeTensors::deserialize(buf)
+            .map_err(|e| Error::invalid_model(format!("{shard}: {e}")))?;
+        for (name, view) in st.tensors() {
+            let dtype = match view.dtype() {
+                safetensors::Dtype::F32 => DType::F32,
+                safetensors::Dtype::F16 => DType::F16,
+                safetensors::Dtype::BF16 => DType::BF16,
+                other => return Err(Error::Unsupported(format!("tensor {name}: safetensors dtype {other:?}"))),
+            };
+            let shape = view.shape();
+            let cols = *shape.last().unwrap_or(&1);
+            let rows = shape[..shape.len().saturating_sub(1)].iter().product();
+            let start = view.data().as_ptr() as usize - buf.as_ptr() as usize;
+            let bytes = Bytes::new(storage.clone(), start..start + view.data().len());
+            tensors.insert(name, Weight::new(dtype, rows, cols, bytes)?);
+        }
+    }
+    let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads.max(1));
+    let config = ModelConfig {
+        arch,
+        n_layers: cfg.num_hidden_layers,
+        d_model: cfg.hidden_size,
+        n_heads: cfg.num_attention_heads,
+        n_kv_heads: cfg.num_key_value_heads.unwrap_or(cfg.num_attention_heads),
+        head_dim,
+        d_ffn: cfg.intermediate_size,
+        vocab_size: cfg.vocab_size,
+        rope_theta: cfg.rope_theta,
+        rms_eps: cfg.rms_norm_eps,
+        context_length: cfg.max_position_embeddings.unwrap_or(2048),
+        tied_embeddings: cfg.tie_word_embeddings || !tensors.contains_key("lm_head.weight"),
+    };
+    let weights = assemble(config, tensors, &hf_name)?;
+    Ok(ModelFile { weights, tokenizer, chat_template })
+}
+
+#[cfg(feature = "native")]
+mod native {
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use std::sync::Arc;
+
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+        move |source| Error::Io { path: path.display().to_string(), source }
+    }
+
+    /// Memory-map a file: weights stay in the page cache, in their stored size.
+    pub fn map_file(path: &Path) -> Result<Storage> {
+        let file = std::fs::File::open(path).map_err(io(path))?;
+        // SAFETY: model files are not modified while mapped; a concurrent writer would be a
+        // misuse outside this process's control, as with any mmap-based loader.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
+        Ok(Arc::new(map))
+    }
+
+    struct Dir(PathBuf);
+
+    impl FileSource for Dir {
+        fn read(&self, name: &str) -> Result<Option<Storage>> {
+            let p = self.0.join(name);
+            if p.is_file() {
+                map_file(&p).map(Some)
+            } else {
+                Ok(None)
+            }
+        }
+    }
+
+    /// Open a `.gguf` file or a Hugging Face model directory.
+    pub fn open(path: &Path) -> Result<ModelFile> {
+        if path.is_dir() {
+            from_hf(&Dir(path.to_path_buf()))
+        } else if path.exists() {
+            from_gguf(map_file(path)?)
+        } else {
+            Err(Error::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+            })
+        }
+    }
+}
+
+#[cfg(feature = "native")]
+pub use native::{map_file, open};

@@ -1,0 +1,135 @@
+//! A model with its KV cache, behind one object-safe trait so decoding strategies need not know
+//! which backend runs it.
+
+use futures::future::LocalBoxFuture;
+
+use crate::backend::{Backend, Batch};
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::config::ModelConfig;
+use crate::model::transformer::Transformer;
+
+/// A language model instance: weights on some backend plus its own KV cache.
+pub trait Lm {
+    fn config(&self) -> &ModelConfig;
+    fn backend_name(&self) -> String;
+    /// Committed tokens in the KV cache.
+    fn len(&self) -> usize;
+    /// Slots the KV cache can hold (committed tokens plus speculation scratch).
+    fn capacity(&self) -> usize;
+    /// Roll the committed sequence back to `len` tokens.
+    fn truncate(&mut self, len: usize);
+    /// Run `batch` (it does not change the committed length) and return the logits of `out_rows`,
+    /// `[out_rows.len() * vocab]`.
+    fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>>;
+    /// Like [`Lm::logits`], but only the argmax of each row leaves the backend.
+    fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>>;
+    /// Mark `n` tokens just written by a causal batch at `len()` as committed.
+    fn advance(&mut self, n: usize) -> Result<()>;
+}
+
+/// What to read back from an append.
+pub enum Want {
+    /// Logits of the last row.
+    LastLogits,
+    /// Logits of every row.
+    AllLogits,
+    /// Argmax of every row.
+    AllArgmax,
+}
+
+pub enum Output {
+    Logits(Vec<f32>),
+    Argmax(Vec<u32>),
+}
+
+impl Output {
+    pub fn logits(self) -> Vec<f32> {
+        match self {
+            Output::Logits(l) => l,
+            Output::Argmax(_) => unreachable!("asked for logits"),
+        }
+    }
+    pub fn argmax(self) -> Vec<u32> {
+        match self {
+            Output::Argmax(a) => a,
+            Output::Logits(_) => unreachable!("asked for argmax"),
+        }
+    }
+}
+
+/// Append `tokens` causally at the end of the committed sequence and commit them.
+pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want) -> Result<Output> {
+    if tokens.is_empty() {
+        return Err(Error::InvalidArgument("no tokens to run".into()));
+    }
+    let start = lm.len();
+    if start + tokens.len() > lm.capacity() {
+        return Err(Error::ContextOverflow { prompt: start, requested: tokens.len(), context: lm.capacity() });
+    }
+    let batch = Batch::causal(tokens, start);
+    let n = tokens.len() as u32;
+    let out = match want {
+        Want::LastLogits => Output::Logits(lm.logits(&batch, &[n - 1]).await?),
+        Want::AllLogits => Output::Logits(lm.logits(&batch, &(0..n).collect::<Vec<_>>()).await?),
+        Want::AllArgmax => Output::Argmax(lm.argmax(&batch, &(0..n).collect::<Vec<_>>()).await?),
+    };
+    lm.advance(tokens.len())?;
+    Ok(out)
+}
+
+pub struct Runner<B: Backend> {
+    model: Transformer<B>,
+    cache: KvCache<B::Cache>,
+}
+
+impl<B: Backend> Runner<B> {
+    pub fn new(model: Transformer<B>, capacity: usize) -> Result<Self> {
+        let store = model.new_cache(capacity)?;
+        Ok(Runner { model, cache: KvCache::new(store, capacity) })
+    }
+
+    fn run(&mut self, batch: &Batch, out_rows: &[u32]) -> Result<B::Tensor> {
+        if batch.slot_extent() > self.cache.capacity() {
+            return Err(Error::ContextOverflow {
+                prompt: self.cache.len(),
+                requested: batch.len(),
+                context: self.cache.capacity(),
+            });
+        }
+        self.model.forward(&mut self.cache.store, batch, out_rows)
+    }
+}
+
+impl<B: Backend> Lm for Runner<B> {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+    fn backend_name(&self) -> String {
+        self.model.backend.name()
+    }
+    fn len(&self) -> usize {
+        self.cache.len()
+    }
+    fn capacity(&self) -> usize {
+        self.cache.capacity()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.cache.truncate(len)
+    }
+    fn advance(&mut self, n: usize) -> Result<()> {
+        self.cache.advance(n)
+    }
+    fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
+        Box::pin(async move {
+            let t = self.run(batch, out_rows)?;
+            self.model.backend.read(&t).await
+        })
+    }
+    fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
+        Box::pin(async move {
+            let t = self.run(batch, out_rows)?;
+            self.model.backend.argmax(&t).await
+        })
+    }
+}

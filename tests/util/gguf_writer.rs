@@ -1,0 +1,79 @@
+//! A minimal GGUF v3 writer for building malformed and tiny model files in tests.
+
+pub enum Val {
+    U32(u32),
+    F32(f32),
+    Str(String),
+    Strs(Vec<String>),
+}
+
+#[derive(Default)]
+pub struct GgufWriter {
+    kv: Vec<(String, Val)>,
+    /// (name, dims, ggml type, data)
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+impl GgufWriter {
+    pub fn kv(mut self, k: &str, v: Val) -> Self {
+        self.kv.push((k.into(), v));
+        self
+    }
+    pub fn tensor(mut self, name: &str, dims: &[u64], ty: u32, data: Vec<u8>) -> Self {
+        self.tensors.push((name.into(), dims.to_vec(), ty, data));
+        self
+    }
+    /// Serialise; `declared_tensor_count` overrides the header's tensor count when given.
+    pub fn build_with(&self, declared_tensor_count: Option<u64>) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend(declared_tensor_count.unwrap_or(self.tensors.len() as u64).to_le_bytes());
+        out.extend((self.kv.len() as u64).to_le_bytes());
+        for (k, v) in &self.kv {
+            put_str(&mut out, k);
+            match v {
+                Val::U32(x) => {
+                    out.extend(4u32.to_le_bytes());
+                    out.extend(x.to_le_bytes());
+                }
+                Val::F32(x) => {
+                    out.extend(6u32.to_le_bytes());
+                    out.extend(x.to_le_bytes());
+                }
+                Val::Str(s) => {
+                    out.extend(8u32.to_le_bytes());
+                    put_str(&mut out, s);
+                }
+                Val::Strs(a) => {
+                    out.extend(9u32.to_le_bytes());
+                    out.extend(8u32.to_le_bytes());
+                    out.extend((a.len() as u64).to_le_bytes());
+                    a.iter().for_each(|s| put_str(&mut out, s));
+                }
+            }
+        }
+        let mut offset = 0u64;
+        for (name, dims, ty, data) in &self.tensors {
+            put_str(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
+            out.extend(ty.to_le_bytes());
+            out.extend(offset.to_le_bytes());
+            offset += (data.len() as u64).div_ceil(32) * 32;
+        }
+        out.resize(out.len().div_ceil(32) * 32, 0);
+        for (_, _, _, data) in &self.tensors {
+            out.extend(data);
+            out.resize(out.len().div_ceil(32) * 32, 0);
+        }
+        out
+    }
+    pub fn build(&self) -> Vec<u8> {
+        self.build_with(None)
+    }
+}

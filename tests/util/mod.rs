@@ -1,0 +1,87 @@
+//! Shared by the integration tests: model files and the golden reference outputs.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use saguaro::model::load::{open, ModelFile};
+
+pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1";
+pub const QWEN_05B: &str = "qwen2.5-coder-0.5b-instruct";
+pub const QWEN_15B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Open `models/<name>.gguf`, failing loudly (never skipping) when the models are not fetched.
+pub fn model(name: &str) -> ModelFile {
+    let path = root().join("models").join(format!("{name}.gguf"));
+    assert!(path.exists(), "{} is missing: run scripts/fetch-models.sh first", path.display());
+    open(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+#[derive(Deserialize)]
+pub struct Golden {
+    pub tokenizer: Vec<TokCase>,
+    pub cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+pub struct TokCase {
+    pub text: String,
+    pub ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+pub struct Case {
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    /// `top5[j]` = the reference's five largest (token, logit) at generated position j.
+    pub top5: Vec<Vec<(u32, f32)>>,
+}
+
+pub fn golden(file: &str) -> Golden {
+    let p = root().join("tests/golden").join(format!("{file}.json"));
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Where the reference's top-1/top-2 margin at position j is below this, either token is a
+/// legitimate greedy choice and the continuations may diverge from there.
+pub const NEAR_TIE: f32 = 0.01;
+
+/// Compare generated greedy ids with the reference under the near-tie rule; returns how many
+/// positions were compared.
+pub fn check_greedy(case: &Case, got: &[u32], what: &str) -> usize {
+    for (j, &want) in case.greedy_ids.iter().enumerate() {
+        let g = *got.get(j).unwrap_or_else(|| panic!("{what}: generation stopped at {j}, reference has {want} next"));
+        if g == want {
+            continue;
+        }
+        let t = &case.top5[j];
+        let tie = t[0].1 - t[1].1 < NEAR_TIE && (g == t[0].0 || g == t[1].0);
+        assert!(tie, "{what}: position {j}: got {g}, reference {want} (top5 {t:?})");
+        return j;
+    }
+    assert!(
+        got.len() == case.greedy_ids.len(),
+        "{what}: generated {} tokens, reference {}",
+        got.len(),
+        case.greedy_ids.len()
+    );
+    case.greedy_ids.len()
+}
+
+/// Check teacher-forced logits (`logits[j]` predicts generated position j) against the
+/// reference top-5 within `tol`.
+pub fn check_top5(case: &Case, logits: &[f32], vocab: usize, tol: f32, what: &str) {
+    for (j, t) in case.top5.iter().enumerate() {
+        let row = &logits[j * vocab..(j + 1) * vocab];
+        for &(id, want) in t {
+            let got = row[id as usize];
+            assert!((got - want).abs() <= tol, "{what}: position {j} token {id}: logit {got}, reference {want}");
+        }
+    }
+}
