@@ -4,11 +4,11 @@
 
 use std::fmt;
 
+use minijinja::syntax::SyntaxConfig;
 use minijinja::{context, Environment, ErrorKind, Value as JinjaValue};
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use crate::model::gguf::{Gguf, Value};
 
 /// The pre-tokenizer regex of Qwen2's `tokenizer.json`.
-const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_PATTERN: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// GGUF token types (llama.cpp's `llama_token_type`) that are matched whole in the input text.
 const TOKEN_TYPE_CONTROL: u64 = 3;
@@ -73,12 +74,19 @@ impl Tokenizer {
         let pre: PreTokenizerWrapper = match g.get_str("tokenizer.ggml.pre").unwrap_or("default") {
             "qwen2" => {
                 inner.with_normalizer(Some(NFC)).map_err(err)?;
-                let split = Split::new(SplitPattern::Regex(QWEN2_PATTERN.into()), SplitDelimiterBehavior::Isolated, false)
-                    .map_err(err)?;
+                let split = Split::new(
+                    SplitPattern::Regex(QWEN2_PATTERN.into()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(err)?;
                 Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()]).into()
             }
-            "smollm" => Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into(),
-            "default" | "gpt-2" => ByteLevel::new(false, true, true).into(),
+            // SmolLM2's vocabulary has no token with more than one digit, so plain GPT-2
+            // pre-tokenization already yields one digit per token. Splitting digits out first, as
+            // llama.cpp's "smollm" does, would also split a whitespace run before a digit
+            // differently from the reference ("\n\n   0" must end its run one space early).
+            "smollm" | "default" | "gpt-2" => ByteLevel::new(false, true, true).into(),
             other => {
                 return Err(Error::Tokenizer(format!(
                     "GGUF pre-tokenizer {other:?} is not supported (known: qwen2, smollm, gpt-2)"
@@ -88,7 +96,10 @@ impl Tokenizer {
         inner.with_pre_tokenizer(Some(pre));
         inner.with_decoder(Some(ByteLevel::default()));
 
-        let types = g.get("tokenizer.ggml.token_type").and_then(Value::as_array).unwrap_or_default();
+        let types = g
+            .get("tokenizer.ggml.token_type")
+            .and_then(Value::as_array)
+            .unwrap_or_default();
         let added = |want: u64| {
             tokens
                 .iter()
@@ -120,7 +131,11 @@ impl Tokenizer {
     /// A `tokenizer.json`. It names no end-of-generation tokens; set them with [`Self::with_eos`].
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
         let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(err)?;
-        Ok(Tokenizer { inner, eos_ids: Vec::new(), bos_id: None })
+        Ok(Tokenizer {
+            inner,
+            eos_ids: Vec::new(),
+            bos_id: None,
+        })
     }
 
     pub fn to_json(&self) -> Result<String> {
@@ -184,7 +199,12 @@ pub struct StreamDecoder<'a> {
 
 impl<'a> StreamDecoder<'a> {
     pub fn new(tok: &'a Tokenizer) -> Self {
-        StreamDecoder { tok, ids: Vec::new(), emitted: 0, prefix: String::new() }
+        StreamDecoder {
+            tok,
+            ids: Vec::new(),
+            emitted: 0,
+            prefix: String::new(),
+        }
     }
 
     pub fn push(&mut self, id: u32) -> Result<String> {
@@ -204,18 +224,24 @@ impl<'a> StreamDecoder<'a> {
     /// Whatever is still held back, incomplete characters included (as U+FFFD).
     pub fn finish(&mut self) -> Result<String> {
         let text = self.tok.decode(&self.ids)?;
-        let rest = if text.len() > self.prefix.len() { self.new_text(&text)? } else { String::new() };
+        let rest = if text.len() > self.prefix.len() {
+            self.new_text(&text)?
+        } else {
+            String::new()
+        };
         *self = StreamDecoder::new(self.tok);
         Ok(rest)
     }
 
     fn new_text(&self, text: &str) -> Result<String> {
-        text.strip_prefix(self.prefix.as_str()).map(str::to_owned).ok_or_else(|| {
-            Error::Tokenizer(format!(
-                "stream decoding: {text:?} does not extend the text already emitted, {:?}",
-                self.prefix
-            ))
-        })
+        text.strip_prefix(self.prefix.as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                Error::Tokenizer(format!(
+                    "stream decoding: {text:?} does not extend the text already emitted, {:?}",
+                    self.prefix
+                ))
+            })
     }
 }
 
@@ -230,6 +256,12 @@ pub fn apply_chat_template(
 ) -> Result<String> {
     let mut env = Environment::new();
     // transformers renders chat templates with these two set; templates are written for them.
+    let syntax = SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+        .map_err(err)?;
+    env.set_syntax(syntax);
     env.add_function("raise_exception", |msg: String| -> Result<(), minijinja::Error> {
         Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
     });
@@ -246,7 +278,8 @@ pub fn apply_chat_template(
         bos_token => token(bos),
         eos_token => token(eos),
     };
-    env.render_str(template, ctx).map_err(|e| Error::Tokenizer(format!("chat template: {e:#}")))
+    env.render_str(template, ctx)
+        .map_err(|e| Error::Tokenizer(format!("chat template: {e:#}")))
 }
 
 #[cfg(test)]
@@ -273,7 +306,11 @@ mod tests {
         let g = Gguf::parse(&gguf_without_tokenizer()).unwrap();
         let e = Tokenizer::from_gguf(&g).unwrap_err();
         assert!(matches!(e, Error::Tokenizer(_)), "{e:?}");
-        assert!(e.to_string().contains("no tokenizer (metadata key tokenizer.ggml.model is missing)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("no tokenizer (metadata key tokenizer.ggml.model is missing)"),
+            "{e}"
+        );
     }
 
     #[test]
