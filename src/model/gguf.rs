@@ -119,7 +119,7 @@ impl<'a> Reader<'a> {
         let left = (self.buf.len() - self.pos) as u64;
         if n.saturating_mul(min_item_bytes as u64) > left {
             return Err(Error::invalid_model(format!(
-                "GGUF {what} count {n} exceeds what the file can hold"
+                "GGUF {what} count {n} exceeds what the file can hold (truncated or corrupt)"
             )));
         }
         Ok(n as usize)

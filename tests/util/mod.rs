@@ -1,6 +1,8 @@
 //! Shared by the integration tests: model files and the golden reference outputs.
 #![allow(dead_code)]
 
+pub mod gguf_writer;
+
 use std::path::PathBuf;
 
 use serde::Deserialize;
