@@ -10,6 +10,7 @@ pub mod decode;
 pub mod error;
 pub mod kv;
 pub mod model;
+pub mod runtime;
 pub mod sampling;
 
 pub use error::{Error, Result};

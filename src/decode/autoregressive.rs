@@ -36,7 +36,7 @@ pub async fn generate_ar(target: &mut dyn Lm, req: &Request, sink: Sink<'_>) -> 
     Ok(out.into_generation(stats))
 }
 
-fn pick(logits: &[f32], req: &Request, rng: &mut Rng) -> u32 {
+pub(crate) fn pick(logits: &[f32], req: &Request, rng: &mut Rng) -> u32 {
     if req.sampling.is_greedy() {
         sampling::argmax(logits)
     } else {

@@ -3,6 +3,8 @@
 //! [`Lm`]; they never touch kernels.
 
 pub mod autoregressive;
+pub mod speculative;
+pub mod ssd;
 
 use serde::Serialize;
 
@@ -11,6 +13,8 @@ use crate::model::runner::Lm;
 use crate::sampling::SamplingParams;
 
 pub use autoregressive::generate_ar;
+pub use speculative::{generate_sd, Backup, Fanout, Mode, SpecConfig};
+pub use ssd::{generate_ssd, DraftWorker};
 
 /// What to generate.
 #[derive(Clone, Debug)]

@@ -1,0 +1,161 @@
+//! The `saguaro` command line: generate text, benchmark decoding strategies and kernels.
+
+mod bench;
+mod setup;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use futures::executor::block_on;
+use serde_json::json;
+
+use saguaro::decode::{Generation, Mode};
+use saguaro::model::tokenizer::{StreamDecoder, Tokenizer};
+use saguaro::{Error, Result};
+use setup::{Engine, EngineArgs, SamplingArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "saguaro",
+    version,
+    about = "Run LLMs on the CPU or GPU, fast, with speculative speculative decoding (SSD)",
+    long_about = "Run LLMs on the CPU or GPU, fast, with speculative speculative decoding (SSD).\n\n\
+        Give a target model (a .gguf file or a Hugging Face directory) and optionally a small draft \
+        model with the same vocabulary. With a draft, `generate` uses SSD by default: while the \
+        target verifies one speculation, the draft speculates the next round for the most likely \
+        verification outcomes. Output is lossless: greedy SD/SSD equals the target's own greedy \
+        output token for token."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming tokens to stdout.
+    Generate(GenerateArgs),
+    /// Run each decoding mode on each prompt, check greedy outputs agree, and compare speed.
+    Bench(bench::BenchArgs),
+    /// List GPU adapters with their limits and features.
+    #[cfg(feature = "gpu")]
+    Devices,
+    /// Time each kernel at the shapes of a real model: ms, GB/s, GFLOP/s.
+    #[cfg(feature = "gpu")]
+    BenchKernels(bench::KernelArgs),
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Decoding mode: ar (plain), sd (speculative) or ssd (speculative speculative).
+    /// Default: ssd with a --draft, ar without.
+    #[arg(long)]
+    mode: Option<Mode>,
+    /// The prompt text.
+    #[arg(long, conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    chat: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Print one JSON object {text, tokens, prompt_tokens, finish, stats} instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn prompt_text(args: &GenerateArgs) -> Result<String> {
+    match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => Ok(p.clone()),
+        (None, Some(f)) => std::fs::read_to_string(f).map_err(|source| Error::Io { path: f.display().to_string(), source }),
+        (None, None) => Err(Error::InvalidArgument("give a prompt with --prompt or --prompt-file".into())),
+    }
+}
+
+fn generate(args: &GenerateArgs) -> Result<()> {
+    let text = prompt_text(args)?;
+    let mode = args.mode.unwrap_or(if args.engine.draft.is_some() { Mode::Ssd } else { Mode::Ar });
+    let mut engine = Engine::load(&args.engine, mode, args.sampling.max_tokens)?;
+    let prompt = engine.encode(&text, args.chat)?;
+    let tokenizer = engine.tokenizer().clone();
+    let mut stream = StreamDecoder::new(&tokenizer);
+    let mut stdout = std::io::stdout().lock();
+    let json = args.json;
+    let mut stream_err = None;
+    let mut sink = |toks: &[u32]| {
+        if json {
+            return true;
+        }
+        for &t in toks {
+            match stream.push(t) {
+                Ok(s) => {
+                    let _ = stdout.write_all(s.as_bytes());
+                }
+                Err(e) => {
+                    stream_err = Some(e);
+                    return false;
+                }
+            }
+        }
+        let _ = stdout.flush();
+        true
+    };
+    let g = block_on(engine.generate(mode, &prompt, &args.sampling.params(), args.sampling.max_tokens, &mut sink))?;
+    if let Some(e) = stream_err {
+        return Err(e);
+    }
+    if !json {
+        let _ = stdout.write_all(stream.finish()?.as_bytes());
+    }
+    drop(stdout);
+    report(&tokenizer, &g, json)
+}
+
+fn report(tok: &Tokenizer, g: &Generation, json: bool) -> Result<()> {
+    let s = &g.stats;
+    if json {
+        let text = tok.decode(&g.tokens)?;
+        let obj = json!({"text": text, "tokens": g.tokens, "prompt_tokens": s.prompt_tokens, "finish": g.finish, "stats": s});
+        println!("{obj}");
+    } else {
+        println!();
+        let mut line = format!(
+            "[{}] {} tokens, {:.1} tok/s, prefill {} tokens in {:.0} ms, finish: {:?}",
+            s.mode, s.generated, s.tokens_per_s, s.prompt_tokens, s.prefill_ms, g.finish
+        );
+        if let (Some(a), Some(m)) = (s.acceptance_rate, s.mean_accepted) {
+            line += &format!(", acceptance {a:.2}, {m:.2} tokens/round");
+        }
+        if let Some(h) = s.cache_hit_rate {
+            line += &format!(", cache hits {h:.2}");
+        }
+        eprintln!("{line}");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match &cli.command {
+        Command::Generate(a) => generate(a),
+        Command::Bench(a) => bench::run(a),
+        #[cfg(feature = "gpu")]
+        Command::Devices => bench::devices(),
+        #[cfg(feature = "gpu")]
+        Command::BenchKernels(a) => bench::kernels(a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

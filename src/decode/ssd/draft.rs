@@ -1,0 +1,243 @@
+//! The draft side of SSD: the draft model, its speculation cache and its fan-out policy, living
+//! on a worker. Jobs arrive in round order:
+//! `Start` (prefill), then per round `Propose` (take the previous round's outcome, answer with
+//! this round's draft tokens from the cache or the backup) and `Speculate` (glue pass and tree
+//! over this round's tokens, while the target verifies them).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use futures::future::LocalBoxFuture;
+use web_time::Instant;
+
+use super::cache::SpecCache;
+use super::fanout::{self, FanoutPolicy};
+use super::tree::Tree;
+use crate::backend::Batch;
+use crate::decode::speculative::{self, draft_rng, Backup, Drafting, Outcome, Proposal, SpecConfig};
+use crate::decode::Request;
+use crate::error::{Error, Result};
+use crate::model::config::ModelConfig;
+use crate::model::runner::{append, Lm, Want};
+use crate::runtime::{Service, Span, Worker};
+use crate::sampling::{Rng, SamplingParams};
+
+pub(crate) enum Job {
+    /// A new generation: reset the cache and prefill the prompt.
+    Start { req: Request, spec: SpecConfig },
+    /// Commit the outcome of the round last speculated on (none before the first round) and
+    /// propose up to `depth` draft tokens to follow `rec`.
+    Propose { outcome: Option<Outcome>, rec: u32, depth: usize },
+    /// The target is verifying [rec, s1..sn] = `tokens`: speculate on its outcomes, `depth`
+    /// draft tokens per branch.
+    Speculate { tokens: Vec<u32>, depth: usize },
+}
+
+pub(crate) enum Reply {
+    Started,
+    Proposal {
+        proposal: Proposal,
+        /// Whether the cache held the outcome; `None` when there was no cache to ask.
+        hit: Option<bool>,
+        /// Time spent drafting on a miss.
+        backup: Option<Span>,
+    },
+    Speculated {
+        glue: Span,
+        tree: Vec<Span>,
+    },
+}
+
+/// The draft model on its worker, reusable across generations (and after errors).
+pub struct DraftWorker {
+    worker: Worker<Job, Reply>,
+    config: ModelConfig,
+    abandon: Arc<AtomicBool>,
+}
+
+impl DraftWorker {
+    /// The draft on its own thread, so it computes while the target verifies. On wasm32 without
+    /// threads it runs inline instead (see [`DraftWorker::inline`]).
+    pub fn new(lm: Box<dyn Lm + Send>) -> Result<Self> {
+        let config = lm.config().clone();
+        let abandon = Arc::new(AtomicBool::new(false));
+        let drafter = Drafter { lm, abandon: abandon.clone(), session: None };
+        #[cfg(not(target_arch = "wasm32"))]
+        let worker = Worker::thread("saguaro-draft", drafter)?;
+        #[cfg(target_arch = "wasm32")]
+        let worker = Worker::inline(drafter);
+        Ok(DraftWorker { worker, config, abandon })
+    }
+
+    /// The draft on the caller's thread: its work runs when the target awaits it, so nothing
+    /// overlaps, but the tokens are the same.
+    pub fn inline(lm: Box<dyn Lm>) -> Self {
+        let config = lm.config().clone();
+        let abandon = Arc::new(AtomicBool::new(false));
+        let drafter = Drafter { lm, abandon: abandon.clone(), session: None };
+        DraftWorker { worker: Worker::inline(drafter), config, abandon }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Whether the draft computes at the same time as the target.
+    pub fn is_concurrent(&self) -> bool {
+        self.worker.is_concurrent()
+    }
+
+    pub(crate) fn send(&mut self, job: Job) -> Result<()> {
+        if matches!(job, Job::Start { .. }) {
+            self.abandon.store(false, Ordering::Relaxed);
+        }
+        self.worker.send(job)
+    }
+
+    pub(crate) async fn recv(&mut self) -> Result<Reply> {
+        self.worker.recv().await
+    }
+
+    /// End the generation in progress: cut short any tree being built for it and discard
+    /// replies nobody will read.
+    pub(crate) async fn finish(&mut self) {
+        self.abandon.store(true, Ordering::Relaxed);
+        self.worker.drain().await;
+    }
+}
+
+impl Drop for DraftWorker {
+    fn drop(&mut self) {
+        // The worker joins its thread on drop; a tree nobody will read need not finish first.
+        self.abandon.store(true, Ordering::Relaxed);
+    }
+}
+
+struct Drafter<M> {
+    abandon: Arc<AtomicBool>,
+    session: Option<Session>,
+    lm: M,
+}
+
+/// The draft model as its worker owns it: `Send` when the worker is a thread.
+trait OwnedLm: 'static {
+    fn get(&mut self) -> &mut dyn Lm;
+}
+
+impl OwnedLm for Box<dyn Lm> {
+    fn get(&mut self) -> &mut dyn Lm {
+        &mut **self
+    }
+}
+
+impl OwnedLm for Box<dyn Lm + Send> {
+    fn get(&mut self) -> &mut dyn Lm {
+        &mut **self
+    }
+}
+
+/// One generation's draft-side state.
+struct Session {
+    params: SamplingParams,
+    spec: SpecConfig,
+    rng: Rng,
+    policy: FanoutPolicy,
+    /// The speculation over the round being verified, until its outcome arrives.
+    round: Option<Round>,
+}
+
+struct Round {
+    /// s1..sn of the round.
+    drafted: Vec<u32>,
+    /// The glue pass's draft logits, n + 1 rows.
+    glue: Vec<f32>,
+    cache: SpecCache,
+}
+
+impl<M: OwnedLm> Service for Drafter<M> {
+    type Job = Job;
+    type Reply = Reply;
+
+    fn handle(&mut self, job: Job) -> LocalBoxFuture<'_, Result<Reply>> {
+        Box::pin(async move {
+            match job {
+                Job::Start { req, spec } => self.start(req, spec).await,
+                Job::Propose { outcome, rec, depth } => self.propose(outcome, rec, depth).await,
+                Job::Speculate { tokens, depth } => self.speculate(tokens, depth).await,
+            }
+        })
+    }
+}
+
+impl<M: OwnedLm> Drafter<M> {
+    async fn start(&mut self, req: Request, spec: SpecConfig) -> Result<Reply> {
+        self.session = None;
+        let scratch = Tree::scratch(spec.k, spec.fanout.max_branches(spec.k), spec.k);
+        req.validate(self.lm.get(), scratch)?;
+        self.lm.get().truncate(0);
+        append(self.lm.get(), &req.prompt, Want::LastLogits).await?;
+        self.session = Some(Session {
+            params: req.sampling,
+            rng: draft_rng(req.sampling.seed),
+            policy: FanoutPolicy::new(spec.fanout.clone(), spec.k),
+            spec,
+            round: None,
+        });
+        Ok(Reply::Started)
+    }
+
+    async fn propose(&mut self, outcome: Option<Outcome>, rec: u32, depth: usize) -> Result<Reply> {
+        let s = self.session.as_mut().ok_or_else(|| Error::Worker("no generation started".into()))?;
+        let mut hit = None;
+        if let Some(o) = outcome {
+            let mut round = s.round.take().ok_or_else(|| Error::Worker("an outcome for a round never speculated".into()))?;
+            // The glue pass wrote rec, s1..sn after the committed sequence; keep rec, s1..sk.
+            self.lm.get().advance(o.accepted + 1)?;
+            let vocab = self.lm.get().config().vocab_size;
+            let row = &round.glue[o.accepted * vocab..(o.accepted + 1) * vocab];
+            let rank = fanout::rank(row, o.bonus, round.drafted.get(o.accepted).copied());
+            let cached = round.cache.take(o.accepted, o.bonus, depth);
+            s.policy.observe(round.drafted.len(), o.accepted, cached.is_some(), rank);
+            if let Some(proposal) = cached {
+                return Ok(Reply::Proposal { proposal, hit: Some(true), backup: None });
+            }
+            hit = Some(false);
+        }
+        let (proposal, backup) = match s.spec.backup {
+            Backup::Fast => (Proposal::default(), None),
+            Backup::Jit => {
+                let t = Instant::now();
+                let start = self.lm.get().len();
+                let widths = s.policy.widths(depth);
+                let mut drafting = Drafting {
+                    params: &s.params,
+                    rng: &mut s.rng,
+                    saguaro: Some((s.spec.saguaro_c, &widths)),
+                };
+                let p = speculative::draft(self.lm.get(), &[rec], depth, &mut drafting).await?;
+                // The glue pass of this round rewrites these slots.
+                self.lm.get().truncate(start);
+                (p, Some(Span::since(t)))
+            }
+        };
+        Ok(Reply::Proposal { proposal, hit, backup })
+    }
+
+    async fn speculate(&mut self, tokens: Vec<u32>, depth: usize) -> Result<Reply> {
+        let s = self.session.as_mut().ok_or_else(|| Error::Worker("no generation started".into()))?;
+        let t = Instant::now();
+        let base = self.lm.get().len();
+        let rows: Vec<u32> = (0..tokens.len() as u32).collect();
+        let glue = self.lm.get().logits(&Batch::causal(&tokens, base), &rows).await?;
+        let glue_span = Span::since(t);
+
+        let drafted = tokens[1..].to_vec();
+        let branches = s.policy.candidates(&glue, &drafted, &s.params);
+        let tree = Tree::new(base, tokens.len(), branches);
+        let widths = s.policy.widths(depth);
+        let mut drafting = Drafting { params: &s.params, rng: &mut s.rng, saguaro: Some((s.spec.saguaro_c, &widths)) };
+        let (speculated, spans) = tree.decode(self.lm.get(), depth, &mut drafting, &self.abandon).await?;
+        s.round = Some(Round { drafted, glue, cache: SpecCache::new(tree.branches(), speculated) });
+        Ok(Reply::Speculated { glue: glue_span, tree: spans })
+    }
+}
