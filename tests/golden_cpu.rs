@@ -13,9 +13,9 @@ use saguaro::model::transformer::Transformer;
 use saguaro::sampling::SamplingParams;
 use util::*;
 
-/// Logits may differ from the fp32 reference by this much (activations are quantized to 8 bits
-/// per block for the integer dot products of the fast CPU path, as the golden notes allow).
-const TOP5_TOL: f32 = 0.05;
+/// The CPU backend computes in f32 on dequantized blocks, like the reference: logits agree to
+/// about 1e-3, so the golden tolerance holds with room to spare.
+const TOP5_TOL: f32 = 0.02;
 
 fn runner(m: &ModelFile, capacity: usize) -> Box<dyn Lm> {
     Box::new(Runner::new(Transformer::new(CpuBackend::new(0).unwrap(), &m.weights).unwrap(), capacity).unwrap())
@@ -33,6 +33,13 @@ fn check_model(name: &str, golden_files: &[String]) {
             assert_eq!(m.tokenizer.encode(&case.prompt).unwrap(), case.prompt_ids, "{what}: prompt ids");
             let n = case.greedy_ids.len();
             let mut lm = runner(&m, case.prompt_ids.len() + n + 1);
+            // Teacher forcing: row p of the full sequence predicts token p + 1.
+            let seq: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
+            let first = case.prompt_ids.len() as u32 - 1;
+            let rows: Vec<u32> = (first..first + case.top5.len() as u32).collect();
+            let logits = block_on(lm.logits(&Batch::causal(&seq, 0), &rows)).unwrap();
+            check_top5(case, &logits, m.weights.config.vocab_size, TOP5_TOL, &what);
+            lm.truncate(0);
             let req = Request {
                 prompt: case.prompt_ids.clone(),
                 max_tokens: n,
@@ -41,14 +48,6 @@ fn check_model(name: &str, golden_files: &[String]) {
             };
             let gen = block_on(generate_ar(lm.as_mut(), &req, &mut |_| true)).unwrap();
             check_greedy(case, &gen.tokens, &what);
-
-            // Teacher forcing: row p of the full sequence predicts token p + 1.
-            let seq: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
-            let first = case.prompt_ids.len() as u32 - 1;
-            let rows: Vec<u32> = (first..first + case.top5.len() as u32).collect();
-            lm.truncate(0);
-            let logits = block_on(lm.logits(&Batch::causal(&seq, 0), &rows)).unwrap();
-            check_top5(case, &logits, m.weights.config.vocab_size, TOP5_TOL, &what);
         }
     }
 }

@@ -1,5 +1,5 @@
-//! `x [m, k] @ W[n, k]^T` with W in its storage type: each weight row is dequantized once into a
-//! scratch row and dotted with all m activation rows, so a batch of m rows reads W once.
+//! `x [m, k] @ W[n, k]^T` with W in its storage type: each chunk of weight rows is dequantized once
+//! into a scratch buffer and dotted with all m activation rows, so a batch of m rows reads W once.
 
 use super::pool::{Pool, SharedMut};
 use crate::model::weights::Weight;
@@ -27,13 +27,18 @@ pub fn matmul(pool: &Pool, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
     let out_ptr = SharedMut(out.as_mut_ptr());
     pool.for_each(n.div_ceil(ROWS_PER_CHUNK), |c| {
         let out_ptr = out_ptr;
-        let mut row = vec![0.0f32; k];
-        for r in c * ROWS_PER_CHUNK..((c + 1) * ROWS_PER_CHUNK).min(n) {
-            w.dequantize_row(r, &mut row);
-            for i in 0..m {
-                let v = dot(&row, &x[i * k..(i + 1) * k]);
+        let rows = c * ROWS_PER_CHUNK..((c + 1) * ROWS_PER_CHUNK).min(n);
+        // Dequantize the chunk's weight rows once; they stay in cache while every activation row
+        // streams past them.
+        let mut wbuf = vec![0.0f32; rows.len() * k];
+        for (r, buf) in rows.clone().zip(wbuf.chunks_exact_mut(k)) {
+            w.dequantize_row(r, buf);
+        }
+        for i in 0..m {
+            let xi = &x[i * k..(i + 1) * k];
+            for (r, wr) in rows.clone().zip(wbuf.chunks_exact(k)) {
                 // SAFETY: each (i, r) is written by exactly one chunk, and out has m * n elements.
-                unsafe { *out_ptr.0.add(i * n + r) = v };
+                unsafe { *out_ptr.0.add(i * n + r) = dot(wr, xi) };
             }
         }
     });
