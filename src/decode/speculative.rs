@@ -9,6 +9,7 @@ use std::str::FromStr;
 use web_time::Instant;
 
 use super::autoregressive::pick;
+use super::ssd::tree::Tree;
 use super::{elapsed_ms, Generation, Output, Request, Sink, Stats};
 use crate::backend::Batch;
 use crate::error::{Error, Result};
@@ -118,6 +119,12 @@ impl Default for SpecConfig {
 impl SpecConfig {
     pub fn new(k: usize, fanout: Fanout, saguaro_c: f32, backup: Backup) -> Self {
         SpecConfig { k, fanout, saguaro_c, backup, fault: None }
+    }
+
+    /// KV slots the draft needs beyond prompt + output for SSD's glue pass and tree: size the
+    /// draft's cache with this.
+    pub fn draft_scratch(&self) -> usize {
+        Tree::scratch(self.k, self.fanout.max_branches(self.k), self.k)
     }
 
     pub fn validate(&self) -> Result<()> {

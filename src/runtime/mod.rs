@@ -14,9 +14,10 @@
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 
-use futures::channel::mpsc;
 use futures::future::LocalBoxFuture;
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
+#[cfg(not(target_arch = "wasm32"))]
+use futures::{channel::mpsc, StreamExt};
 use web_time::Instant;
 
 use crate::error::{Error, Result};
@@ -105,45 +106,44 @@ impl<J: Send + 'static, R: Send + 'static> Worker<J, R> {
         if self.in_flight == 0 {
             return Err(Error::Worker("awaited a reply to a job never sent".into()));
         }
-        // The count drops only once a reply is in hand, so a caller that abandons this future
-        // leaves the reply to be drained rather than mistaken for the next job's.
-        let reply = match &mut self.place {
+        match &mut self.place {
             #[cfg(not(target_arch = "wasm32"))]
             Place::Thread { replies, .. } => {
-                replies.next().await.unwrap_or_else(|| Err(Error::Worker("the worker thread has stopped".into())))
+                let reply = replies.next().await;
+                // Counted only once a reply is in hand: a caller that abandons this future leaves
+                // the reply to be drained rather than mistaken for the next job's.
+                self.in_flight -= 1;
+                reply.unwrap_or_else(|| Err(Error::Worker("the worker thread has stopped".into())))
             }
             Place::Inline { service, queue } => {
                 let job = queue.pop_front().expect("one queued job per reply in flight");
                 self.in_flight -= 1;
-                return AssertUnwindSafe(service.handle(job))
+                AssertUnwindSafe(service.handle(job))
                     .catch_unwind()
                     .await
-                    .unwrap_or_else(|panic| Err(Error::Worker(panic_message(&panic))));
+                    .unwrap_or_else(|panic| Err(Error::Worker(panic_message(&panic))))
             }
-        };
-        self.in_flight -= 1;
-        reply
+        }
     }
 
     /// Discard the replies of jobs a caller abandoned (an error or a cancelled future), so the
     /// next caller starts in step. Inline jobs are dropped unrun.
     pub async fn drain(&mut self) {
-        if let Place::Inline { queue, .. } = &mut self.place {
-            queue.clear();
-            self.in_flight = 0;
-        }
-        while self.in_flight > 0 {
-            if self.recv().await.is_err() && !self.is_alive() {
+        match &mut self.place {
+            #[cfg(not(target_arch = "wasm32"))]
+            Place::Thread { .. } => {
+                while self.in_flight > 0 {
+                    let failed = self.recv().await.is_err();
+                    let alive = matches!(&self.place, Place::Thread { thread: Some(t), .. } if !t.is_finished());
+                    if failed && !alive {
+                        self.in_flight = 0;
+                    }
+                }
+            }
+            Place::Inline { queue, .. } => {
+                queue.clear();
                 self.in_flight = 0;
             }
-        }
-    }
-
-    fn is_alive(&self) -> bool {
-        match &self.place {
-            #[cfg(not(target_arch = "wasm32"))]
-            Place::Thread { thread, .. } => thread.as_ref().is_some_and(|t| !t.is_finished()),
-            Place::Inline { .. } => true,
         }
     }
 }

@@ -43,7 +43,9 @@ mod tests {
     #[test]
     fn lookup_is_keyed_by_accepted_count_and_bonus_token() {
         let keys = [(0, 5), (0, 6), (2, 5)];
-        let cache = || SpecCache::new(&keys, vec![branch(&[1, 2, 3], true), branch(&[4, 5, 6], true), branch(&[7, 8, 9], true)]);
+        let cache = || {
+            SpecCache::new(&keys, vec![branch(&[1, 2, 3], true), branch(&[4, 5, 6], true), branch(&[7, 8, 9], true)])
+        };
         assert_eq!(cache().take(1, 5, 3), None, "same token, other k: a miss");
         assert_eq!(cache().take(0, 7, 3), None);
         assert_eq!(cache().take(0, 6, 3).unwrap().tokens, vec![4, 5, 6]);

@@ -172,8 +172,7 @@ impl<M: OwnedLm> Service for Drafter<M> {
 impl<M: OwnedLm> Drafter<M> {
     async fn start(&mut self, req: Request, spec: SpecConfig) -> Result<Reply> {
         self.session = None;
-        let scratch = Tree::scratch(spec.k, spec.fanout.max_branches(spec.k), spec.k);
-        req.validate(self.lm.get(), scratch)?;
+        req.validate(self.lm.get(), spec.draft_scratch())?;
         self.lm.get().truncate(0);
         append(self.lm.get(), &req.prompt, Want::LastLogits).await?;
         self.session = Some(Session {
@@ -190,7 +189,8 @@ impl<M: OwnedLm> Drafter<M> {
         let s = self.session.as_mut().ok_or_else(|| Error::Worker("no generation started".into()))?;
         let mut hit = None;
         if let Some(o) = outcome {
-            let mut round = s.round.take().ok_or_else(|| Error::Worker("an outcome for a round never speculated".into()))?;
+            let mut round =
+                s.round.take().ok_or_else(|| Error::Worker("an outcome for a round never speculated".into()))?;
             // The glue pass wrote rec, s1..sn after the committed sequence; keep rec, s1..sk.
             self.lm.get().advance(o.accepted + 1)?;
             let vocab = self.lm.get().config().vocab_size;
@@ -209,11 +209,8 @@ impl<M: OwnedLm> Drafter<M> {
                 let t = Instant::now();
                 let start = self.lm.get().len();
                 let widths = s.policy.widths(depth);
-                let mut drafting = Drafting {
-                    params: &s.params,
-                    rng: &mut s.rng,
-                    saguaro: Some((s.spec.saguaro_c, &widths)),
-                };
+                let mut drafting =
+                    Drafting { params: &s.params, rng: &mut s.rng, saguaro: Some((s.spec.saguaro_c, &widths)) };
                 let p = speculative::draft(self.lm.get(), &[rec], depth, &mut drafting).await?;
                 // The glue pass of this round rewrites these slots.
                 self.lm.get().truncate(start);

@@ -82,9 +82,8 @@ impl FromStr for Fanout {
 
     /// `uniform:F`, `geometric`, `geometric:B` or `top-p:P`.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || {
-            Error::InvalidArgument(format!("fan-out '{s}': expected uniform:F, geometric, geometric:B or top-p:P"))
-        };
+        let bad =
+            || Error::InvalidArgument(format!("fan-out '{s}': expected uniform:F, geometric, geometric:B or top-p:P"));
         let (name, arg) = match s.split_once(':') {
             Some((n, a)) => (n, Some(a)),
             None => (s, None),
@@ -209,7 +208,9 @@ impl FanoutPolicy {
             Fanout::Uniform(_) | Fanout::Geometric(_) => {
                 let widths = self.widths(n);
                 (0..=n)
-                    .flat_map(|k| sampling::top_n(row(k), widths[k], drafted.get(k).copied()).into_iter().map(move |t| (k, t)))
+                    .flat_map(|k| {
+                        sampling::top_n(row(k), widths[k], drafted.get(k).copied()).into_iter().map(move |t| (k, t))
+                    })
                     .collect()
             }
             Fanout::TopP(p) => {
@@ -262,9 +263,8 @@ impl FanoutPolicy {
 /// where the top candidate alone already catches much of the mass).
 pub fn geometric(budget: usize, n: usize, a: f64, r: f64) -> Vec<usize> {
     let e = 1.0 / (1.0 + r);
-    let weights: Vec<f64> = (0..=n)
-        .map(|k| a.powf(k as f64 * e) * if k == n { (1.0 - a).powf(-e) } else { 1.0 })
-        .collect();
+    let weights: Vec<f64> =
+        (0..=n).map(|k| a.powf(k as f64 * e) * if k == n { (1.0 - a).powf(-e) } else { 1.0 }).collect();
     let mut f = apportion(budget, &weights);
     while let Some(zero) = f.iter().position(|&x| x == 0) {
         let (big, &most) = f.iter().enumerate().max_by_key(|&(i, &x)| (x, std::cmp::Reverse(i))).expect("n + 1 > 0");
@@ -357,7 +357,8 @@ mod tests {
         let f = geometric(30, 4, a, r);
         assert_eq!(f.iter().sum::<usize>(), 30);
         // The exact shares: a^(k/2) for k < 4, a^2 / sqrt(1 - a) for k = 4.
-        let w: Vec<f64> = (0..=4).map(|k| a.powf(k as f64 / 2.0) * if k == 4 { (1.0 - a).powf(-0.5) } else { 1.0 }).collect();
+        let w: Vec<f64> =
+            (0..=4).map(|k| a.powf(k as f64 / 2.0) * if k == 4 { (1.0 - a).powf(-0.5) } else { 1.0 }).collect();
         let s: f64 = w.iter().sum();
         for (k, (&got, wk)) in f.iter().zip(&w).enumerate() {
             assert!((got as f64 - 30.0 * wk / s).abs() < 1.0, "k={k}: {f:?}");
