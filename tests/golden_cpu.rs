@@ -62,7 +62,16 @@ fn qwen_05b_matches_reference() {
     check_model(QWEN_05B, &[QWEN_05B.into(), format!("long-{QWEN_05B}")]);
 }
 
+/// The 1.5B's ~1,700-token long case is left to `cargo test -- --ignored` (a 5-TFLOP prefill on
+/// the f32 reference kernels); RoPE and attention far from position 0 are covered by the long
+/// cases of the two smaller models, which share the code path.
 #[test]
 fn qwen_15b_matches_reference() {
-    check_model(QWEN_15B, &[QWEN_15B.into(), format!("long-{QWEN_15B}")]);
+    check_model(QWEN_15B, &[QWEN_15B.into()]);
+}
+
+#[test]
+#[ignore]
+fn qwen_15b_long_context_matches_reference() {
+    check_model(QWEN_15B, &[format!("long-{QWEN_15B}")]);
 }
