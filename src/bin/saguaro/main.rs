@@ -39,12 +39,6 @@ enum Command {
     Generate(GenerateArgs),
     /// Run each decoding mode on each prompt, check greedy outputs agree, and compare speed.
     Bench(bench::BenchArgs),
-    /// List GPU adapters with their limits and features.
-    #[cfg(feature = "gpu")]
-    Devices,
-    /// Time each kernel at the shapes of a real model: ms, GB/s, GFLOP/s.
-    #[cfg(feature = "gpu")]
-    BenchKernels(bench::KernelArgs),
 }
 
 #[derive(Args)]
@@ -146,10 +140,6 @@ fn main() -> ExitCode {
     let r = match &cli.command {
         Command::Generate(a) => generate(a),
         Command::Bench(a) => bench::run(a),
-        #[cfg(feature = "gpu")]
-        Command::Devices => bench::devices(),
-        #[cfg(feature = "gpu")]
-        Command::BenchKernels(a) => bench::kernels(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

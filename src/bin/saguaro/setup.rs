@@ -19,10 +19,8 @@ use saguaro::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
-    /// CPU threads (quantized SIMD kernels).
+    /// CPU threads.
     Cpu,
-    /// A wgpu device (Vulkan, Metal, DX12).
-    Gpu,
 }
 
 #[derive(Args)]
@@ -109,13 +107,6 @@ fn runner(w: &ModelWeights, kind: BackendKind, threads: usize, capacity: usize, 
     let t = Instant::now();
     let lm: Box<dyn Lm + Send> = match kind {
         BackendKind::Cpu => Box::new(Runner::new(Transformer::new(CpuBackend::new(threads)?, w)?, capacity)?),
-        #[cfg(feature = "gpu")]
-        BackendKind::Gpu => {
-            let backend = futures::executor::block_on(saguaro::backend::gpu::GpuBackend::new(Default::default()))?;
-            Box::new(Runner::new(Transformer::new(backend, w)?, capacity)?)
-        }
-        #[cfg(not(feature = "gpu"))]
-        BackendKind::Gpu => return Err(Error::InvalidArgument("this build has no GPU support (feature `gpu`)".into())),
     };
     eprintln!("{role} on {} ({:.0} ms)", lm.backend_name(), t.elapsed().as_secs_f64() * 1000.0);
     Ok(lm)
