@@ -7,7 +7,6 @@ use clap::{Args, ValueEnum};
 use web_time::Instant;
 
 use saguaro::backend::cpu::CpuBackend;
-use saguaro::decode::ssd::tree::Tree;
 use saguaro::decode::{generate_ar, generate_sd, generate_ssd, Backup, DraftWorker, Fanout, Generation, Mode, Request, Sink, SpecConfig};
 use saguaro::model::load::{open, ModelFile};
 use saguaro::model::runner::{Lm, Runner};
@@ -156,7 +155,7 @@ impl Engine {
         if max_tokens >= context {
             return Err(Error::InvalidArgument(format!("--max-tokens {max_tokens} does not fit the context of {context} tokens")));
         }
-        let scratch = Tree::scratch(spec.k, spec.fanout.max_branches(spec.k), spec.k);
+        let scratch = spec.draft_scratch();
         let capacity = context + scratch;
         let target = runner(&target_file.weights, args.backend, args.threads, capacity, "target")?;
         let draft_weights = &draft_file.as_ref().unwrap_or(&target_file).weights;
