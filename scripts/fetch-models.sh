@@ -6,7 +6,7 @@ set -euo pipefail
 
 dir="${1:-models}"
 mkdir -p "$dir"
-work="$(mktemp -d "${TMPDIR:-/tmp}/saguaro-fetch.XXXXXX")"
+work="$(mktemp -d -t saguaro-fetch.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 
 sha_ok() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]; }
