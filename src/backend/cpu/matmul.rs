@@ -1,13 +1,202 @@
-//! `x [m, k] @ W[n, k]^T` with W in its storage type: each chunk of weight rows is dequantized once
-//! into a scratch buffer and dotted with all m activation rows, so a batch of m rows reads W once.
+//! `x [m, k] @ W[n, k]^T` with W read in its storage type, block by block, never as f32 rows.
+//!
+//! Quantized weights are dotted with activations quantized once per call to 8-bit blocks (Q8_0-like
+//! for the 32-value formats, Q8_K-like for the K-quants) in integer arithmetic; float weights with
+//! f32 activations. Threads split the weight rows; each kernel call applies a weight row to up to
+//! [`MAX_ROWS`] activation rows, so a small batch costs little more than one row: decoding is
+//! memory-bound and a block, once loaded, serves every row.
 
+use std::sync::OnceLock;
+
+use super::kernels::{self, Kernels, RowsFn, MAX_ROWS};
 use super::pool::{Pool, SharedMut};
+use super::quantize::{quantize_q8, quantize_q8k};
+use crate::model::quant::{DType, QK, QK_K};
 use crate::model::weights::Weight;
 
-const ROWS_PER_CHUNK: usize = 16;
+/// Which kernels a matmul runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelPath {
+    /// The portable kernels, on any machine.
+    Scalar,
+    /// The fastest this machine runs: AVX2 on x86-64 CPUs that have it, simd128 in a wasm build with
+    /// it enabled, else the portable ones. `SAGUARO_FORCE_SCALAR=1` (read once) makes it the
+    /// portable ones, so that a whole test run can cover them.
+    Best,
+}
 
-#[inline]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    Simd128,
+}
+
+impl Isa {
+    fn of(path: KernelPath) -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        match path {
+            KernelPath::Scalar => Isa::Scalar,
+            KernelPath::Best => *BEST.get_or_init(|| {
+                if std::env::var("SAGUARO_FORCE_SCALAR").is_ok_and(|v| v == "1") {
+                    return Isa::Scalar;
+                }
+                #[cfg(target_arch = "x86_64")]
+                if kernels::avx2::detected() {
+                    return Isa::Avx2;
+                }
+                #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+                return Isa::Simd128;
+                #[allow(unreachable_code)]
+                Isa::Scalar
+            }),
+        }
+    }
+
+    fn kernels(self) -> &'static Kernels {
+        match self {
+            Isa::Scalar => &kernels::scalar::KERNELS,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => &kernels::avx2::KERNELS,
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            Isa::Simd128 => &kernels::wasm::KERNELS,
+        }
+    }
+
+    /// The kernel of a family for a format, falling back to the portable one.
+    fn pick<A>(self, family: impl Fn(&Kernels) -> Option<RowsFn<A>>) -> RowsFn<A> {
+        family(self.kernels())
+            .or_else(|| family(&kernels::scalar::KERNELS))
+            .expect("every format of a family has a portable kernel")
+    }
+
+    /// Whether activation quantization may use AVX2.
+    fn avx2(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return self == Isa::Avx2;
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+}
+
+/// Batches of more rows than this (prefills) dequantize each weight row once to f32 and run the float
+/// kernels: over that many rows the dequantization is paid back, f32 multiply-adds outpace the two
+/// 8-bit parts of the integer path, and they are exact.
+const DEQUANTIZE_ABOVE: usize = 32;
+
+/// `out[m * n]` = `x[m * k]` times the transpose of `w`: `out[i * n + r] = dot(w row r, x row i)`.
+pub fn matmul(pool: &Pool, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
+    matmul_with(pool, KernelPath::Best, x, m, w, out)
+}
+
+/// [`matmul`] on the kernels `path` names.
+pub fn matmul_with(pool: &Pool, path: KernelPath, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
+    let (n, k) = (w.rows, w.cols);
+    assert_eq!(x.len(), m * k, "matmul: x is not [m, k]");
+    assert_eq!(out.len(), m * n, "matmul: out is not [m, n]");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let isa = Isa::of(path);
+    let dtype = w.dtype;
+    let floats = |dtype| isa.pick(|k| (k.float)(dtype));
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => run(pool, w, x, m, 1, floats(dtype), false, out),
+        _ if m > DEQUANTIZE_ABOVE => run(pool, w, x, m, 1, floats(DType::F32), true, out),
+        DType::Q4K | DType::Q5K | DType::Q6K => {
+            let q = quantize(pool, x, m, 2 * k / QK_K, |x, q| quantize_q8k(x, q, isa.avx2()));
+            run(pool, w, &q, m, 2, isa.pick(|k| (k.qk)(dtype)), false, out)
+        }
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => {
+            let q = quantize(pool, x, m, 2 * k / QK, |x, q| quantize_q8(x, q, isa.avx2()));
+            run(pool, w, &q, m, 2, isa.pick(|k| (k.q32)(dtype)), false, out)
+        }
+    }
+}
+
+/// The `m` rows of `x` quantized into `per_row` blocks each (both parts), rows spread over the pool.
+fn quantize<B: Default + Copy + Send>(
+    pool: &Pool,
+    x: &[f32],
+    m: usize,
+    per_row: usize,
+    f: impl Fn(&[f32], &mut [B]) + Sync,
+) -> Vec<B> {
+    let mut q = vec![B::default(); m * per_row];
+    let k = x.len() / m;
+    let q_ptr = SharedMut(q.as_mut_ptr());
+    pool.for_each(m, |i| {
+        let q_ptr = q_ptr;
+        // SAFETY: row i alone writes blocks i * per_row.., and q holds m * per_row blocks.
+        let qi = unsafe { std::slice::from_raw_parts_mut(q_ptr.0.add(i * per_row), per_row) };
+        f(&x[i * k..(i + 1) * k], qi);
+    });
+    q
+}
+
+/// Weight rows per pool chunk: enough chunks for the threads to balance, and when there are more
+/// activation rows than one kernel call takes, few enough weights per chunk (`row_bytes` each) to
+/// stay in L2 while each group of rows reuses them.
+fn chunk_rows(pool: &Pool, n: usize, row_bytes: usize) -> usize {
+    const L2_SHARE: usize = 256 << 10;
+    let balance = n.div_ceil(pool.threads() * 8);
+    balance.min(L2_SHARE / row_bytes.max(1)).max(1)
+}
+
+/// `out = x w^T` where each of the `m` rows of `x` is `parts` activation rows whose products add
+/// up; with `dequantize`, each chunk of weight rows is first dequantized to f32 for `kernel`.
+#[allow(clippy::too_many_arguments)]
+fn run<A: Sync>(
+    pool: &Pool,
+    w: &Weight,
+    x: &[A],
+    m: usize,
+    parts: usize,
+    kernel: RowsFn<A>,
+    dequantize: bool,
+    out: &mut [f32],
+) {
+    let (n, k) = (w.rows, w.cols);
+    let per_row = x.len() / m;
+    let row_bytes = if dequantize { 4 * k } else { w.row_bytes() };
+    let rows = chunk_rows(pool, n, row_bytes);
+    let group = MAX_ROWS / parts;
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    pool.for_each(n.div_ceil(rows), |c| {
+        let out_ptr = out_ptr;
+        let own = c * rows..((c + 1) * rows).min(n);
+        let mut tile = vec![0.0f32; if dequantize { own.len() * k } else { 0 }];
+        for (r, t) in own.clone().zip(tile.chunks_exact_mut(k)) {
+            w.dequantize_row(r, t);
+        }
+        // SAFETY: any initialized f32 is 4 initialized bytes, and the float kernels read bytes.
+        let tile = unsafe { std::slice::from_raw_parts(tile.as_ptr() as *const u8, 4 * tile.len()) };
+        for i0 in (0..m).step_by(group) {
+            let g = group.min(m - i0);
+            let xg = &x[i0 * per_row..(i0 + g) * per_row];
+            let mut o = [0.0f32; MAX_ROWS];
+            for (j, r) in own.clone().enumerate() {
+                let wr = if dequantize { &tile[j * row_bytes..(j + 1) * row_bytes] } else { w.row(r) };
+                // SAFETY: `pick` chose kernels this CPU runs; xg holds g * parts activation rows.
+                unsafe { kernel(wr, xg, &mut o[..g * parts]) };
+                for (i, o) in o[..g * parts].chunks_exact(parts).enumerate() {
+                    // SAFETY: (i0 + i, r) is written by this chunk alone, and out has m * n elements.
+                    unsafe { *out_ptr.0.add((i0 + i) * n + r) = o.iter().sum() };
+                }
+            }
+        }
+    });
+}
+
+/// `dot(a, b)` of two f32 slices of equal length.
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::of(KernelPath::Best) == Isa::Avx2 {
+        // SAFETY: AVX2, FMA and F16C were detected.
+        return unsafe { kernels::avx2::dot(a, b) };
+    }
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
@@ -17,29 +206,4 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
-}
-
-/// `out[m * n]` = `x[m * k]` times the transpose of `w`.
-pub fn matmul(pool: &Pool, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
-    let (n, k) = (w.rows, w.cols);
-    debug_assert_eq!(x.len(), m * k);
-    debug_assert_eq!(out.len(), m * n);
-    let out_ptr = SharedMut(out.as_mut_ptr());
-    pool.for_each(n.div_ceil(ROWS_PER_CHUNK), |c| {
-        let out_ptr = out_ptr;
-        let rows = c * ROWS_PER_CHUNK..((c + 1) * ROWS_PER_CHUNK).min(n);
-        // Dequantize the chunk's weight rows once; they stay in cache while every activation row
-        // streams past them.
-        let mut wbuf = vec![0.0f32; rows.len() * k];
-        for (r, buf) in rows.clone().zip(wbuf.chunks_exact_mut(k)) {
-            w.dequantize_row(r, buf);
-        }
-        for i in 0..m {
-            let xi = &x[i * k..(i + 1) * k];
-            for (r, wr) in rows.clone().zip(wbuf.chunks_exact(k)) {
-                // SAFETY: each (i, r) is written by exactly one chunk, and out has m * n elements.
-                unsafe { *out_ptr.0.add(i * n + r) = dot(wr, xi) };
-            }
-        }
-    });
 }

@@ -1,8 +1,10 @@
 //! The CPU backend: the reference every other backend is tested against, and the fallback where
 //! there is no GPU (natively multi-threaded; single-threaded wasm in the browser).
 
+mod kernels;
 mod matmul;
 mod pool;
+mod quantize;
 
 use std::future::{ready, Future};
 
@@ -11,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::model::weights::Weight;
 use pool::{Pool, SharedMut};
 
-pub use matmul::matmul;
+pub use matmul::{matmul, matmul_with, KernelPath};
 pub use pool::Pool as CpuPool;
 
 /// A row-major `[rows, cols]` f32 matrix.

@@ -1,0 +1,142 @@
+//! CPU matmul throughput in GB/s of weights read, next to a plain memory read as the physical
+//! limit, on all cores. Weights rotate over copies that together exceed the last-level cache, so
+//! every call streams its weights from memory as a decode step does.
+//!
+//! `cargo bench --bench kernels`; a Qwen 1.5B matmul set runs too when its model file is present
+//! (`SAGUARO_BENCH_MODEL` names another).
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use saguaro::backend::cpu::{matmul, CpuPool};
+use saguaro::model::quant::DType;
+use saguaro::model::weights::{Bytes, Weight};
+
+const STREAM_BYTES: usize = 256 << 20;
+const BATCHES: [usize; 4] = [1, 5, 16, 64];
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Copies of an `n x k` weight of random blocks with small finite scales, `STREAM_BYTES` at least.
+fn weights(dtype: DType, n: usize, k: usize) -> Vec<Weight> {
+    let bytes = dtype.bytes_for(n * k).unwrap();
+    let copies = STREAM_BYTES.div_ceil(bytes);
+    let mut state = 1;
+    let mut data: Vec<u8> = (0..bytes * copies).map(|_| splitmix(&mut state) as u8).collect();
+    let scales: &[usize] = match dtype {
+        DType::Q6K => &[208],
+        DType::Q4K | DType::Q5K | DType::Q4_1 | DType::Q5_1 => &[0, 2],
+        _ => &[0],
+    };
+    let small = half::f16::from_f32(0.01).to_le_bytes();
+    for block in data.chunks_exact_mut(dtype.block_bytes()) {
+        scales.iter().for_each(|&at| block[at..at + 2].copy_from_slice(&small));
+    }
+    let storage: Arc<Vec<u8>> = Arc::new(data);
+    (0..copies)
+        .map(|c| Weight::new(dtype, n, k, Bytes::new(storage.clone(), c * bytes..(c + 1) * bytes)).unwrap())
+        .collect()
+}
+
+fn activations(m: usize, k: usize) -> Vec<f32> {
+    let mut state = 7;
+    (0..m * k).map(|_| (splitmix(&mut state) >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
+}
+
+fn memory(c: &mut Criterion, pool: &CpuPool) {
+    let buf: Vec<u64> = (0..STREAM_BYTES / 8).map(|i| i as u64).collect();
+    let mut g = c.benchmark_group("memory_read");
+    g.throughput(Throughput::BytesDecimal(STREAM_BYTES as u64));
+    g.bench_function("1_thread", |b| b.iter(|| black_box(&buf).iter().fold(0u64, |s, &v| s.wrapping_add(v))));
+    let parts = pool.threads();
+    g.bench_function(format!("{parts}_threads"), |b| {
+        b.iter(|| {
+            let part = buf.len() / parts;
+            pool.for_each(parts, |t| {
+                black_box(buf[t * part..(t + 1) * part].iter().fold(0u64, |s, &v| s.wrapping_add(v)));
+            })
+        })
+    });
+    g.finish();
+}
+
+fn kernels(c: &mut Criterion, pool: &CpuPool) {
+    for dtype in [DType::Q4K, DType::Q6K, DType::Q8_0, DType::Q5_0] {
+        for (n, k) in [(1536, 1536), (8960, 1536)] {
+            let ws = weights(dtype, n, k);
+            let mut g = c.benchmark_group(format!("matmul_{}_{n}x{k}", dtype.name()));
+            g.throughput(Throughput::BytesDecimal(ws[0].data.len() as u64));
+            for m in BATCHES {
+                let x = activations(m, k);
+                let mut out = vec![0.0; m * n];
+                let mut next = 0;
+                g.bench_function(BenchmarkId::new("m", m), |b| {
+                    b.iter(|| {
+                        next = (next + 1) % ws.len();
+                        matmul(pool, &x, m, &ws[next], &mut out);
+                    })
+                });
+            }
+            g.finish();
+        }
+    }
+}
+
+/// Every matmul of one forward of a real model (the layers and the output head), as a decode step
+/// (m = 1) and as a 5-token verification (m = 5).
+fn model_set(c: &mut Criterion, pool: &CpuPool) {
+    let path = std::env::var("SAGUARO_BENCH_MODEL")
+        .unwrap_or_else(|_| "models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf".into());
+    let Ok(model) = saguaro::model::load::open(std::path::Path::new(&path)) else {
+        eprintln!("{path} not found: skipping the model matmul set");
+        return;
+    };
+    let w = &model.weights;
+    let mut set: Vec<&Weight> = w
+        .layers
+        .iter()
+        .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+        .collect();
+    set.push(&w.output);
+    let bytes: usize = set.iter().map(|w| w.data.len()).sum();
+    let name = std::path::Path::new(&path).file_stem().unwrap().to_string_lossy().into_owned();
+    let mut g = c.benchmark_group(format!("forward_matmuls_{name}"));
+    g.throughput(Throughput::BytesDecimal(bytes as u64));
+    g.sample_size(10);
+    for m in [1, 5] {
+        let xs: Vec<Vec<f32>> = set.iter().map(|w| activations(m, w.cols)).collect();
+        let mut outs: Vec<Vec<f32>> = set.iter().map(|w| vec![0.0; m * w.rows]).collect();
+        g.bench_function(BenchmarkId::new("m", m), |b| {
+            b.iter(|| {
+                for ((w, x), out) in set.iter().zip(&xs).zip(&mut outs) {
+                    matmul(pool, x, m, w, out);
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+fn all(c: &mut Criterion) {
+    let pool = CpuPool::new(0).unwrap();
+    memory(c, &pool);
+    kernels(c, &pool);
+    model_set(c, &pool);
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(std::time::Duration::from_millis(500))
+        .measurement_time(std::time::Duration::from_secs(2));
+    targets = all
+}
+criterion_main!(benches);

@@ -1,0 +1,225 @@
+//! Dot products of weight rows, read in their storage type, with a few activation rows at once.
+//!
+//! Every format is described here once, by its layout constants, as small integers and scales:
+//! - a 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) holds integers `v` with `w = d * v + m`, dotted
+//!   with [`BlockQ8`] activations;
+//! - a 256-value K-quant block (Q4_K, Q5_K, Q6_K) holds unsigned integers `v` with a scale per 16
+//!   values, `w = d * sc[g] * v - dc * c[g]`, dotted with [`BlockQ8K`] activations, whose per-16 sums
+//!   turn the `c` term into one small dot per block.
+//!
+//! Each instruction set then has one generic decoder and one generic loop per family, so a format
+//! costs a few constants rather than a kernel per instruction set. A kernel reads every weight block
+//! once and applies it to all its activation rows while it sits in registers.
+
+use super::quantize::{BlockQ8, BlockQ8K};
+use crate::model::quant::{f16_at, scale_min_k4, DType, QK, QK_K};
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+pub(crate) mod scalar;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub(crate) mod wasm;
+
+/// The most activation rows one kernel call takes: their accumulators stay in registers.
+pub(crate) const MAX_ROWS: usize = 8;
+
+/// `out[i] = dot(weight row, activation row i)` for `out.len()` (1..=[`MAX_ROWS`]) activation rows
+/// laid out back to back in the second argument. Unsafe because the SIMD kernels need their
+/// instruction set, which the caller has detected.
+pub(crate) type RowsFn<A> = unsafe fn(&[u8], &[A], &mut [f32]);
+
+/// A 32-value block format.
+pub(crate) trait Block32 {
+    const BYTES: usize;
+    /// Offset of the low bits: 16 bytes of nibbles, or 32 signed bytes for Q8_0.
+    const QS: usize;
+    /// Offset of the 32 fifth bits of the 5-bit formats.
+    const QH: Option<usize>;
+    /// `m` as a multiple of `d`, or `None` where `m` is stored as an f16 right after `d`.
+    const MIN: Option<f32>;
+    /// Whole signed bytes (Q8_0) rather than unsigned nibbles.
+    const SIGNED: bool = false;
+
+    /// The f16 bits of `d` and of `m` (the latter unused when [`Self::MIN`] is set).
+    #[inline(always)]
+    fn dm_bits(b: &[u8]) -> u32 {
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+
+    /// `m` given `d` and the f16 bits of the stored `m`.
+    #[inline(always)]
+    fn min(d: f32, stored: f32) -> f32 {
+        match Self::MIN {
+            Some(k) => k * d,
+            None => stored,
+        }
+    }
+
+    /// Value `j` of a block, the portable way.
+    #[inline(always)]
+    fn value(b: &[u8], j: usize) -> i32 {
+        if Self::SIGNED {
+            return b[Self::QS + j] as i8 as i32;
+        }
+        let nib = (b[Self::QS + j % 16] >> (4 * (j / 16))) & 0xF;
+        let high = Self::QH.map_or(0, |qh| {
+            let bits = u32::from_le_bytes([b[qh], b[qh + 1], b[qh + 2], b[qh + 3]]);
+            ((bits >> j) & 1) << 4
+        });
+        nib as i32 | high as i32
+    }
+}
+
+/// The per-block integer scales of a K-quant block (see the module doc).
+pub(crate) struct KScales {
+    /// f16 bits of `d` (low half) and `dc` (high half).
+    pub dc_bits: u32,
+    pub sc: [i16; 16],
+    pub c: [i16; 16],
+}
+
+/// A 256-value K-quant format: Q4_K and Q5_K share a layout (the latter with a fifth bit plane);
+/// Q6_K stores 4 low bits in `ql`, 2 high bits in `qh` and a signed scale per 16 values.
+pub(crate) trait BlockK {
+    const BYTES: usize;
+    const SIX: bool = false;
+    /// Offset of the nibbles (Q4_K, Q5_K) or of `ql` (Q6_K).
+    const QS: usize;
+    /// Offset of the high bits: Q5_K's bit planes, Q6_K's 2-bit pairs.
+    const QH: Option<usize>;
+
+    #[inline(always)]
+    fn scales(b: &[u8]) -> KScales {
+        let mut sc = [0i16; 16];
+        let mut c = [0i16; 16];
+        if Self::SIX {
+            for g in 0..16 {
+                sc[g] = b[192 + g] as i8 as i16;
+                c[g] = 32 * sc[g];
+            }
+            let d = u16::from_le_bytes([b[208], b[209]]) as u32;
+            KScales { dc_bits: d | d << 16, sc, c }
+        } else {
+            for j in 0..8 {
+                let (s, m) = scale_min_k4(j, &b[4..16]);
+                sc[2 * j..2 * j + 2].fill(s as i16);
+                c[2 * j..2 * j + 2].fill(m as i16);
+            }
+            KScales { dc_bits: u32::from_le_bytes([b[0], b[1], b[2], b[3]]), sc, c }
+        }
+    }
+
+    /// Value `j` (unsigned) of a block, the portable way.
+    #[inline(always)]
+    fn value(b: &[u8], j: usize) -> i32 {
+        let (t, l) = (j / 32, j % 32);
+        if Self::SIX {
+            let (n, u) = (t / 4, t % 4);
+            let ql = b[Self::QS + 64 * n + 32 * (u & 1) + l] >> (4 * (u >> 1)) & 0xF;
+            let qh = (b[Self::QH.unwrap() + 32 * n + l] >> (2 * u)) & 3;
+            return (ql | qh << 4) as i32;
+        }
+        let nib = (b[Self::QS + 32 * (t / 2) + l] >> (4 * (t & 1))) & 0xF;
+        let high = Self::QH.map_or(0, |qh| ((b[qh + l] >> t) & 1) << 4);
+        (nib | high) as i32
+    }
+}
+
+/// A float format: one value per element.
+pub(crate) trait Float {
+    const DTYPE: DType;
+    const BYTES: usize;
+
+    /// Element `j`, the portable way.
+    #[inline(always)]
+    fn value(b: &[u8], j: usize) -> f32 {
+        let at = j * Self::BYTES;
+        match Self::DTYPE {
+            DType::F16 => f16_at(b, at),
+            DType::BF16 => f32::from_bits((u16::from_le_bytes([b[at], b[at + 1]]) as u32) << 16),
+            _ => f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]),
+        }
+    }
+}
+
+macro_rules! formats {
+    ($($name:ident: $tr:ident { $($c:ident: $t:ty = $v:expr),* })*) => {$(
+        #[allow(non_camel_case_types)]
+        pub(crate) struct $name;
+        impl $tr for $name { $(const $c: $t = $v;)* }
+    )*};
+}
+
+formats! {
+    Q4_0: Block32 { BYTES: usize = 18, QS: usize = 2, QH: Option<usize> = None, MIN: Option<f32> = Some(-8.0) }
+    Q4_1: Block32 { BYTES: usize = 20, QS: usize = 4, QH: Option<usize> = None, MIN: Option<f32> = None }
+    Q5_0: Block32 { BYTES: usize = 22, QS: usize = 6, QH: Option<usize> = Some(2), MIN: Option<f32> = Some(-16.0) }
+    Q5_1: Block32 { BYTES: usize = 24, QS: usize = 8, QH: Option<usize> = Some(4), MIN: Option<f32> = None }
+    Q8_0: Block32 { BYTES: usize = 34, QS: usize = 2, QH: Option<usize> = None, MIN: Option<f32> = Some(0.0), SIGNED: bool = true }
+    Q4K: BlockK { BYTES: usize = 144, QS: usize = 16, QH: Option<usize> = None }
+    Q5K: BlockK { BYTES: usize = 176, QS: usize = 48, QH: Option<usize> = Some(16) }
+    Q6K: BlockK { BYTES: usize = 210, QS: usize = 0, QH: Option<usize> = Some(128), SIX: bool = true }
+    F32: Float { DTYPE: DType = DType::F32, BYTES: usize = 4 }
+    F16: Float { DTYPE: DType = DType::F16, BYTES: usize = 2 }
+    BF16: Float { DTYPE: DType = DType::BF16, BYTES: usize = 2 }
+}
+
+const _: () = assert!(QK == 32 && QK_K == 256);
+
+/// Instantiates a kernel generic over `<Format, const ROWS>` for the row count of `out`.
+#[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
+macro_rules! by_rows {
+    ($kernel:ident::<$f:ty>($w:expr, $x:expr, $out:expr)) => {
+        match $out.len() {
+            1 => $kernel::<$f, 1>($w, $x, $out),
+            2 => $kernel::<$f, 2>($w, $x, $out),
+            3 => $kernel::<$f, 3>($w, $x, $out),
+            4 => $kernel::<$f, 4>($w, $x, $out),
+            5 => $kernel::<$f, 5>($w, $x, $out),
+            6 => $kernel::<$f, 6>($w, $x, $out),
+            7 => $kernel::<$f, 7>($w, $x, $out),
+            8 => $kernel::<$f, 8>($w, $x, $out),
+            _ => unreachable!("at most MAX_ROWS activation rows per call"),
+        }
+    };
+}
+#[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
+pub(crate) use by_rows;
+
+/// The kernel of each format of a family, from an instruction set's generic kernels.
+macro_rules! select {
+    (q32: $dtype:expr, $k:ident) => {
+        match $dtype {
+            DType::Q4_0 => Some($k::<Q4_0> as RowsFn<BlockQ8>),
+            DType::Q4_1 => Some($k::<Q4_1> as RowsFn<BlockQ8>),
+            DType::Q5_0 => Some($k::<Q5_0> as RowsFn<BlockQ8>),
+            DType::Q5_1 => Some($k::<Q5_1> as RowsFn<BlockQ8>),
+            DType::Q8_0 => Some($k::<Q8_0> as RowsFn<BlockQ8>),
+            _ => None,
+        }
+    };
+    (qk: $dtype:expr, $k:ident) => {
+        match $dtype {
+            DType::Q4K => Some($k::<Q4K> as RowsFn<BlockQ8K>),
+            DType::Q5K => Some($k::<Q5K> as RowsFn<BlockQ8K>),
+            DType::Q6K => Some($k::<Q6K> as RowsFn<BlockQ8K>),
+            _ => None,
+        }
+    };
+    (float: $dtype:expr, $k:ident) => {
+        match $dtype {
+            DType::F32 => Some($k::<F32> as RowsFn<f32>),
+            DType::F16 => Some($k::<F16> as RowsFn<f32>),
+            DType::BF16 => Some($k::<BF16> as RowsFn<f32>),
+            _ => None,
+        }
+    };
+}
+pub(crate) use select;
+
+/// The kernels of one instruction set; `None` where it has none for a format.
+pub(crate) struct Kernels {
+    pub q32: fn(DType) -> Option<RowsFn<BlockQ8>>,
+    pub qk: fn(DType) -> Option<RowsFn<BlockQ8K>>,
+    pub float: fn(DType) -> Option<RowsFn<f32>>,
+}
