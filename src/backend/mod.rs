@@ -2,6 +2,8 @@
 //! over [`Backend`]; the CPU and GPU backends differ only in their kernels.
 
 pub mod cpu;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 
 use std::future::Future;
 

@@ -1,0 +1,166 @@
+// out[m, row0 + r] = dot(x[m, :], W[r, :]) (+ bias), for one row range (part) of W, with W decoded
+// from its storage type by `wload4_{{DTYPE}}` (dequant.wgsl).
+//
+// `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its 64
+// threads split K, and each weight value, decoded once, is used for all MT rows (each activation
+// value loaded, for all NR rows). The partial sums meet in workgroup memory behind one barrier.
+//
+// `matmul_tiled` serves prefill (M > 64) in 32 x 32 output tiles, x and the decoded W staged
+// through workgroup memory 32 values of K at a time; each of the 64 threads accumulates a 4 x 4
+// block of the tile. It does not use NR and MT.
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    row0: u32,
+    rows: u32,
+    has_bias: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> wq: array<u32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+const WG: u32 = 64u;
+const NR: u32 = {{NR}}u;
+const MT: u32 = {{MT}}u;
+
+var<workgroup> partial: array<f32, NR * MT * WG>;
+
+fn xload4(row: u32, i: u32) -> vec4<f32> {
+    let b = row * p.k + i;
+    if (i + 4u <= p.k) {
+        return vec4<f32>(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
+    }
+    var v = vec4<f32>(0.0);
+    for (var c = 0u; c < p.k - i; c++) {
+        v[c] = x[b + c];
+    }
+    return v;
+}
+
+fn finish(col: u32, s: f32) -> f32 {
+    if (p.has_bias != 0u) {
+        return s + bias[col];
+    }
+    return s;
+}
+
+@compute @workgroup_size(64)
+fn matmul_rows(
+    @builtin(local_invocation_index) t: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    let row_groups = (p.rows + NR - 1u) / NR;
+    let r0 = (g % row_groups) * NR;
+    let m0 = (g / row_groups) * MT;
+    if (m0 >= p.m) {
+        return;
+    }
+    var acc: array<f32, NR * MT>;
+    for (var i = t * 4u; i < p.k; i += WG * 4u) {
+        var w: array<vec4<f32>, NR>;
+        for (var r = 0u; r < NR; r++) {
+            // Rows past the part compute on a duplicate of its last row and are never written.
+            w[r] = wload4_{{DTYPE}}(min(r0 + r, p.rows - 1u) * p.k + i, p.k - i);
+        }
+        for (var mt = 0u; mt < MT; mt++) {
+            if (m0 + mt >= p.m) {
+                break;
+            }
+            let xv = xload4(m0 + mt, i);
+            for (var r = 0u; r < NR; r++) {
+                acc[r * MT + mt] += dot(w[r], xv);
+            }
+        }
+    }
+    for (var j = 0u; j < NR * MT; j++) {
+        partial[j * WG + t] = acc[j];
+    }
+    workgroupBarrier();
+    if (t < NR * MT) {
+        let r = r0 + t / MT;
+        let row = m0 + t % MT;
+        if (r < p.rows && row < p.m) {
+            var s = 0.0;
+            for (var q = 0u; q < WG; q++) {
+                s += partial[t * WG + q];
+            }
+            let col = p.row0 + r;
+            out[row * p.n + col] = finish(col, s);
+        }
+    }
+}
+
+const TS: u32 = 32u;
+const TK: u32 = 32u;
+
+// [k][i / 4] of the tile, four consecutive tile rows per vector, so that the inner loop reads one
+// vector of x and one of W per k.
+var<workgroup> xs: array<vec4<f32>, TK * TS / 4u>;
+var<workgroup> ws: array<vec4<f32>, TK * TS / 4u>;
+
+@compute @workgroup_size(64)
+fn matmul_tiled(
+    @builtin(local_invocation_index) t: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    let col_tiles = (p.rows + TS - 1u) / TS;
+    let n0 = (g % col_tiles) * TS;
+    let m0 = (g / col_tiles) * TS;
+    if (m0 >= p.m) {
+        return;
+    }
+    let tx = t % 8u;
+    let ty = t / 8u;
+    // The tile row this thread stages, and which half of the 32 K values.
+    let lr = t / 2u;
+    let lk = (t % 2u) * 16u;
+    var acc: array<vec4<f32>, 4>;
+    for (var k0 = 0u; k0 < p.k; k0 += TK) {
+        for (var q = 0u; q < 4u; q++) {
+            let kk = lk + 4u * q;
+            var xv = vec4<f32>(0.0);
+            var wv = vec4<f32>(0.0);
+            if (k0 + kk < p.k) {
+                if (m0 + lr < p.m) {
+                    xv = xload4(m0 + lr, k0 + kk);
+                }
+                if (n0 + lr < p.rows) {
+                    wv = wload4_{{DTYPE}}((n0 + lr) * p.k + k0 + kk, p.k - k0 - kk);
+                }
+            }
+            for (var c = 0u; c < 4u; c++) {
+                xs[(kk + c) * 8u + lr / 4u][lr % 4u] = xv[c];
+                ws[(kk + c) * 8u + lr / 4u][lr % 4u] = wv[c];
+            }
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < TK; kk++) {
+            let a = xs[kk * 8u + ty];
+            let b = ws[kk * 8u + tx];
+            acc[0] += a.x * b;
+            acc[1] += a.y * b;
+            acc[2] += a.z * b;
+            acc[3] += a.w * b;
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let row = m0 + ty * 4u + i;
+        for (var c = 0u; c < 4u; c++) {
+            let r = n0 + tx * 4u + c;
+            if (row < p.m && r < p.rows) {
+                out[row * p.n + p.row0 + r] = finish(p.row0 + r, acc[i][c]);
+            }
+        }
+    }
+}
+

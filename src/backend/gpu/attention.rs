@@ -1,0 +1,75 @@
+//! Attention over the GPU KV cache: write the batch's K/V into its slots, then one workgroup per
+//! (row, head) attends the slots the mask gives the row (a causal prefix plus explicit extra
+//! slots for tree batches), with the softmax computed online.
+
+use crate::backend::{AttnShape, Batch};
+use crate::error::{Error, Result};
+
+use super::buffers::Meta;
+use super::encoder::f;
+use super::pipelines::ATTENTION;
+use super::{groups, shape_check, Cache, GpuBackend, Tensor};
+
+/// Head dimensions the kernel holds (64 threads x 4 values each).
+const MAX_HEAD_DIM: usize = 256;
+
+impl GpuBackend {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cache: &mut Cache,
+        layer: usize,
+        batch: &Batch,
+        s: AttnShape,
+    ) -> Result<Tensor> {
+        let (m, kv_dim, mask) = (batch.len(), cache.kv_dim, &batch.mask);
+        shape_check(
+            k.cols == kv_dim
+                && v.cols == kv_dim
+                && q.cols == s.n_heads * s.head_dim
+                && q.rows == m
+                && k.rows == m
+                && v.rows == m
+                && s.n_kv_heads * s.head_dim == kv_dim
+                && s.n_kv_heads > 0
+                && s.n_heads.is_multiple_of(s.n_kv_heads)
+                && batch.slots.len() == m
+                && mask.prefix.len() == m
+                && mask.extra.len() == m * mask.extra_stride,
+            "attention",
+        )?;
+        if s.head_dim > MAX_HEAD_DIM {
+            return Err(Error::Unsupported(format!("head dimension {} (the GPU supports up to {MAX_HEAD_DIM})", s.head_dim)));
+        }
+        if layer >= cache.k.len() {
+            return Err(Error::InvalidArgument(format!("layer {layer} of a {}-layer cache", cache.k.len())));
+        }
+        let extent = batch.slot_extent();
+        if extent > cache.capacity {
+            return Err(Error::ContextOverflow { prompt: extent, requested: 0, context: cache.capacity });
+        }
+        let key: Vec<u32> = batch.slots.iter().chain(&mask.prefix).chain(&mask.extra).copied().collect();
+        let meta = self.meta(Meta::Mask, &key, |k| k.to_vec())?;
+        let params = [
+            m as u32,
+            s.n_heads as u32,
+            (s.n_heads / s.n_kv_heads) as u32,
+            s.head_dim as u32,
+            kv_dim as u32,
+            mask.extra_stride as u32,
+            f(1.0 / (s.head_dim as f32).sqrt()),
+        ];
+        let cache_bytes = (cache.capacity.max(1) * kv_dim * 4) as u64;
+        let (kc, vc) = ((5, &cache.k[layer], cache_bytes), (6, &cache.v[layer], cache_bytes));
+        let meta_bind = (4, &meta, meta.size());
+        let write = self.kernel(&ATTENTION, "kv_write", &[])?;
+        self.dispatch(&write, &params, &[k.bind(2), v.bind(3), meta_bind, kc, vc], groups(m * kv_dim, 64)?)?;
+        let out = self.tensor(m, q.cols)?;
+        let attend = self.kernel(&ATTENTION, "attend", &[])?;
+        self.dispatch(&attend, &params, &[q.bind(1), meta_bind, kc, vc, out.bind(7)], groups(m * s.n_heads, 1)?)?;
+        Ok(out)
+    }
+}

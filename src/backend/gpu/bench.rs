@@ -1,0 +1,212 @@
+//! Kernel timings for `saguaro bench-kernels`: each op at model-like shapes on synthetic data,
+//! as time per call, effective memory bandwidth and arithmetic rate.
+
+use std::fmt;
+
+use web_time::Instant;
+
+use crate::backend::{AttnShape, Backend, Batch};
+use crate::error::Result;
+use crate::model::quant::DType;
+use crate::model::weights::{Bytes, Weight as HostWeight};
+
+use super::GpuBackend;
+
+/// Shapes to time; the defaults are Qwen2.5-0.5B's.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub d_model: usize,
+    pub d_ffn: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    /// Cached tokens the attention benchmark attends over.
+    pub context: usize,
+    /// Activation rows (batch sizes) for the matmul and element-wise kernels.
+    pub rows: Vec<usize>,
+    pub dtypes: Vec<DType>,
+    /// Timed calls per case (after one warm-up call).
+    pub reps: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            d_model: 896,
+            d_ffn: 4864,
+            n_heads: 14,
+            n_kv_heads: 2,
+            head_dim: 64,
+            vocab: 151_936,
+            context: 512,
+            rows: vec![1, 8, 128],
+            dtypes: vec![DType::F16, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K],
+            reps: 10,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct KernelBench {
+    pub kernel: String,
+    pub shape: String,
+    /// Milliseconds per call, from recording to completion.
+    pub ms: f64,
+    pub gb_per_s: f64,
+    pub gflop_per_s: f64,
+}
+
+impl fmt::Display for KernelBench {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<16} {:<28} {:>10.3} ms {:>9.2} GB/s {:>9.2} GFLOP/s",
+            self.kernel, self.shape, self.ms, self.gb_per_s, self.gflop_per_s
+        )
+    }
+}
+
+/// A weight of random values in `dtype`: random quants with small positive scales, so that
+/// products stay in the range of real activations.
+pub fn random_weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Result<HostWeight> {
+    let mut rng = SplitMix(seed);
+    let n = dtype.bytes_for(rows * cols)?;
+    let mut bytes: Vec<u8> = match dtype {
+        DType::F32 => (0..rows * cols).flat_map(|_| rng.uniform(-1.0, 1.0).to_le_bytes()).collect(),
+        DType::F16 => (0..rows * cols).flat_map(|_| half::f16::from_f32(rng.uniform(-1.0, 1.0)).to_le_bytes()).collect(),
+        DType::BF16 => (0..rows * cols).flat_map(|_| half::bf16::from_f32(rng.uniform(-1.0, 1.0)).to_le_bytes()).collect(),
+        _ => (0..n).map(|_| rng.next() as u8).collect(),
+    };
+    // Byte offsets of each block's f16 scale and min fields, which random bits would make inf/NaN.
+    let (scales, mins): (&[usize], &[usize]) = match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => (&[0], &[]),
+        DType::Q4_1 | DType::Q5_1 => (&[0], &[2]),
+        DType::Q4K | DType::Q5K => (&[0, 2], &[]),
+        DType::Q6K => (&[208], &[]),
+        DType::F32 | DType::F16 | DType::BF16 => (&[], &[]),
+    };
+    for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
+        for &o in scales {
+            let d = half::f16::from_f32(rng.uniform(0.001, 0.02));
+            block[o..o + 2].copy_from_slice(&d.to_le_bytes());
+        }
+        for &o in mins {
+            let m = half::f16::from_f32(rng.uniform(-0.05, 0.05));
+            block[o..o + 2].copy_from_slice(&m.to_le_bytes());
+        }
+    }
+    HostWeight::new(dtype, rows, cols, Bytes::from_vec(bytes))
+}
+
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(-1.0, 1.0)).collect()
+    }
+}
+
+/// Time every kernel at the shapes `opts` gives.
+pub async fn bench_kernels(gpu: &GpuBackend, opts: &BenchOptions) -> Result<Vec<KernelBench>> {
+    let o = opts;
+    let mut rng = SplitMix(7);
+    let mut out = Vec::new();
+    let reps = o.reps.max(1);
+
+    macro_rules! time {
+        ($kernel:expr, $shape:expr, $bytes:expr, $flops:expr, $op:expr) => {{
+            $op;
+            gpu.sync().await?;
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                $op;
+            }
+            gpu.sync().await?;
+            let s = t0.elapsed().as_secs_f64() / reps as f64;
+            out.push(KernelBench {
+                kernel: $kernel.to_string(),
+                shape: $shape,
+                ms: s * 1e3,
+                gb_per_s: $bytes as f64 / s / 1e9,
+                gflop_per_s: $flops as f64 / s / 1e9,
+            });
+        }};
+    }
+
+    let (d, f) = (o.d_model, o.d_ffn);
+    for &dtype in &o.dtypes {
+        // The FFN down projection: its K (d_ffn) is a whole number of 256-value K-quant blocks
+        // where d_model need not be.
+        let host = random_weight(dtype, d, f, 1)?;
+        let w = gpu.load_weight(&host)?;
+        for &m in &o.rows {
+            let x = gpu.upload(m, f, &rng.vec(m * f))?;
+            let bytes = host.data.len() + 4 * m * (d + f);
+            time!(format!("matmul {}", dtype.name()), format!("m={m} n={d} k={f}"), bytes, 2 * m * f * d, {
+                gpu.matmul(&x, &w, None)?;
+            });
+        }
+        if dtype == o.dtypes[0] {
+            let ids: Vec<u32> = (0..o.rows.iter().copied().max().unwrap_or(1) as u32).collect();
+            let bytes = ids.len() * (host.row_bytes() + 4 * f);
+            time!(format!("embed {}", dtype.name()), format!("m={} d={f}", ids.len()), bytes, 0, {
+                gpu.embed(&w, &ids)?;
+            });
+        }
+    }
+
+    let norm_w = gpu.load_weight(&HostWeight::from_f32(1, d, &rng.vec(d)))?;
+    let q_dim = o.n_heads * o.head_dim;
+    let kv_dim = o.n_kv_heads * o.head_dim;
+    for &m in &o.rows {
+        let x = gpu.upload(m, d, &rng.vec(m * d))?;
+        time!("rms_norm", format!("m={m} d={d}"), 8 * m * d, 4 * m * d, {
+            gpu.rms_norm(&x, &norm_w, 1e-6)?;
+        });
+        let mut q = gpu.upload(m, q_dim, &rng.vec(m * q_dim))?;
+        let pos: Vec<u32> = (0..m as u32).collect();
+        time!("rope", format!("m={m} cols={q_dim}"), 8 * m * q_dim, 3 * m * q_dim, {
+            gpu.rope(&mut q, &pos, o.head_dim, 1e6)?;
+        });
+        let (g, u) = (gpu.upload(m, f, &rng.vec(m * f))?, gpu.upload(m, f, &rng.vec(m * f))?);
+        time!("swiglu", format!("m={m} cols={f}"), 12 * m * f, 5 * m * f, {
+            gpu.swiglu(&g, &u)?;
+        });
+        let mut a = gpu.upload(m, d, &rng.vec(m * d))?;
+        time!("add", format!("m={m} cols={d}"), 12 * m * d, m * d, {
+            gpu.add_assign(&mut a, &x)?;
+        });
+        let logits = gpu.upload(m, o.vocab, &rng.vec(m * o.vocab))?;
+        time!("argmax", format!("m={m} cols={}", o.vocab), 4 * m * o.vocab, 0, {
+            gpu.argmax(&logits).await?;
+        });
+        // m new tokens after `context` cached ones, causally.
+        let mut cache = gpu.new_cache(1, o.context + m, kv_dim)?;
+        let batch = Batch::causal(&vec![0; m], o.context);
+        let shape = AttnShape { n_heads: o.n_heads, n_kv_heads: o.n_kv_heads, head_dim: o.head_dim };
+        let qa = gpu.upload(m, q_dim, &rng.vec(m * q_dim))?;
+        let (ka, va) = (gpu.upload(m, kv_dim, &rng.vec(m * kv_dim))?, gpu.upload(m, kv_dim, &rng.vec(m * kv_dim))?);
+        let slots = m * o.context + m * (m + 1) / 2;
+        time!(
+            "attention",
+            format!("m={m} ctx={} heads={}/{}", o.context, o.n_heads, o.n_kv_heads),
+            4 * (m * q_dim * 2 + 2 * slots * kv_dim),
+            4 * slots * q_dim,
+            {
+                gpu.attention(&qa, &ka, &va, &mut cache, 0, &batch, shape)?;
+            }
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,154 @@
+//! Adapter and device selection, and how device failures become [`Error`]s.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+
+use crate::error::{Error, Result};
+
+use super::GpuOptions;
+
+/// An adapter as `saguaro devices` shows it.
+#[derive(Clone, Debug)]
+pub struct AdapterReport {
+    pub info: wgpu::AdapterInfo,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+}
+
+impl fmt::Display for AdapterReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (i, l) = (&self.info, &self.limits);
+        writeln!(f, "{} ({:?}, {:?})", i.name, i.backend, i.device_type)?;
+        if !i.driver.is_empty() || !i.driver_info.is_empty() {
+            writeln!(f, "  driver: {} {}", i.driver, i.driver_info)?;
+        }
+        writeln!(f, "  max_buffer_size: {} MiB", l.max_buffer_size >> 20)?;
+        writeln!(f, "  max_storage_buffer_binding_size: {} MiB", l.max_storage_buffer_binding_size >> 20)?;
+        writeln!(f, "  max_storage_buffers_per_shader_stage: {}", l.max_storage_buffers_per_shader_stage)?;
+        writeln!(f, "  max_compute_workgroup_storage_size: {} B", l.max_compute_workgroup_storage_size)?;
+        writeln!(f, "  max_compute_invocations_per_workgroup: {}", l.max_compute_invocations_per_workgroup)?;
+        writeln!(f, "  max_compute_workgroups_per_dimension: {}", l.max_compute_workgroups_per_dimension)?;
+        write!(f, "  features: {:?}", self.features)
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    // From the environment so that WGPU_BACKEND (e.g. `gl`) and WGPU_DEBUG apply.
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+/// Every adapter wgpu can see (in a browser, the one WebGPU adapter, if any).
+pub async fn list_adapters() -> Vec<AdapterReport> {
+    instance()
+        .enumerate_adapters(wgpu::Backends::all())
+        .await
+        .into_iter()
+        .map(|a| AdapterReport { info: a.get_info(), features: a.features(), limits: a.limits() })
+        .collect()
+}
+
+async fn pick_adapter(opts: &GpuOptions) -> Result<wgpu::Adapter> {
+    let inst = instance();
+    match &opts.adapter {
+        Some(want) => {
+            let want = want.to_lowercase();
+            let all = inst.enumerate_adapters(wgpu::Backends::all()).await;
+            let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
+            all.into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&want))
+                .ok_or_else(|| Error::Gpu(format!("no GPU adapter matches '{want}' (adapters: {names:?})")))
+        }
+        None => inst
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Gpu(format!("no GPU adapter: {e}"))),
+    }
+}
+
+/// The device with the adapter's own limits (the defaults are far smaller: 128 MiB bindings
+/// matter for weights), and no optional features: every kernel runs on plain WebGPU.
+pub(super) async fn open(opts: &GpuOptions) -> Result<(wgpu::AdapterInfo, wgpu::Device, wgpu::Queue)> {
+    let adapter = pick_adapter(opts).await?;
+    let (device, queue) = adapter
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("saguaro"),
+            required_features: wgpu::Features::empty(),
+            required_limits: adapter.limits(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        })
+        .await
+        .map_err(|e| Error::Gpu(format!("cannot open a device on {}: {e}", adapter.get_info().name)))?;
+    Ok((adapter.get_info(), device, queue))
+}
+
+/// What went wrong on the device outside any call that could return it: a lost device, or an
+/// error wgpu reported asynchronously. Ops fail with it from then on (lost) or at the next
+/// read (other errors).
+#[derive(Default)]
+pub(super) struct Faults {
+    lost: Mutex<Option<String>>,
+    pending: Mutex<Option<(bool, String)>>,
+}
+
+impl Faults {
+    pub fn watch(device: &wgpu::Device) -> Arc<Faults> {
+        let faults = Arc::new(Faults::default());
+        let f = faults.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            // Dropping the backend destroys the device; nobody is left to tell.
+            if reason != wgpu::DeviceLostReason::Destroyed {
+                *f.lost.lock().unwrap() = Some(msg);
+            }
+        });
+        let f = faults.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let oom = matches!(e, wgpu::Error::OutOfMemory { .. });
+            f.pending.lock().unwrap().get_or_insert((oom, e.to_string()));
+        }));
+        faults
+    }
+
+    /// Fails once the device is lost.
+    pub fn check_lost(&self) -> Result<()> {
+        match &*self.lost.lock().unwrap() {
+            Some(msg) => Err(Error::DeviceLost(msg.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails with the device loss, or with the first error reported since the last check.
+    pub fn check(&self) -> Result<()> {
+        self.check_lost()?;
+        match self.pending.lock().unwrap().take() {
+            Some((true, msg)) => Err(Error::OutOfMemory(format!("on the GPU: {msg}"))),
+            Some((false, msg)) => Err(Error::Gpu(msg)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs `f`, turning an error the device reports for it into an [`Error`] that says `what` was
+/// being done. Natively wgpu reports errors synchronously; in a browser they arrive later through
+/// the uncaptured-error handler (see [`Faults`]) and surface at the next read.
+pub(super) fn scoped<T>(device: &wgpu::Device, what: impl FnOnce() -> String, f: impl FnOnce() -> T) -> Result<T> {
+    if cfg!(target_arch = "wasm32") {
+        return Ok(f());
+    }
+    let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let invalid = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let out = f();
+    let invalid = invalid.pop().now_or_never().flatten();
+    let oom = oom.pop().now_or_never().flatten();
+    match (oom, invalid) {
+        (Some(e), _) => Err(Error::OutOfMemory(format!("{}: {e}", what()))),
+        (None, Some(e)) => Err(Error::Gpu(format!("{}: {e}", what()))),
+        (None, None) => Ok(out),
+    }
+}

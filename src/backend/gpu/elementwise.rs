@@ -1,0 +1,40 @@
+//! SwiGLU, residual add and row selection.
+
+use crate::error::Result;
+
+use super::buffers::Meta;
+use super::pipelines::ELEMENTWISE;
+use super::{groups, shape_check, GpuBackend, Tensor};
+
+impl GpuBackend {
+    pub(super) fn swiglu_rows(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        shape_check(gate.rows * gate.cols == up.rows * up.cols, "swiglu")?;
+        let out = self.tensor(gate.rows, gate.cols)?;
+        let n = gate.rows * gate.cols;
+        let kernel = self.kernel(&ELEMENTWISE, "swiglu", &[])?;
+        self.dispatch(&kernel, &[n as u32, 0], &[gate.bind(1), up.bind(2), out.bind(4)], groups(n, 256)?)?;
+        Ok(out)
+    }
+
+    pub(super) fn add_rows(&self, x: &mut Tensor, y: &Tensor) -> Result<()> {
+        shape_check(x.rows * x.cols == y.rows * y.cols, "add")?;
+        let n = x.rows * x.cols;
+        let kernel = self.kernel(&ELEMENTWISE, "add_assign", &[])?;
+        self.dispatch(&kernel, &[n as u32, 0], &[y.bind(1), x.bind(4)], groups(n, 256)?)
+    }
+
+    pub(super) fn gather_rows(&self, x: &Tensor, rows: &[u32]) -> Result<Tensor> {
+        shape_check(rows.iter().all(|&r| (r as usize) < x.rows), "select_rows")?;
+        let out = self.tensor(rows.len(), x.cols)?;
+        let n = rows.len() * x.cols;
+        let idx = self.meta(Meta::Rows, rows, |r| r.to_vec())?;
+        let kernel = self.kernel(&ELEMENTWISE, "select_rows", &[])?;
+        self.dispatch(
+            &kernel,
+            &[n as u32, x.cols as u32],
+            &[x.bind(1), (3, &idx, idx.size()), out.bind(4)],
+            groups(n, 256)?,
+        )?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,32 @@
+//! Embedding lookup: rows of the (possibly quantized, possibly split) table.
+
+use crate::error::{Error, Result};
+
+use super::buffers::Meta;
+use super::pipelines::EMBED;
+use super::{groups, GpuBackend, Tensor, Weight};
+
+impl GpuBackend {
+    pub(super) fn embed_rows(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.rows()) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {id} is outside the vocabulary of {} tokens",
+                table.rows()
+            )));
+        }
+        let (m, k) = (ids.len(), table.cols());
+        let out = self.tensor(m, k)?;
+        let ids_buf = self.meta(Meta::TokenIds, ids, |ids| ids.to_vec())?;
+        let kernel = self.kernel(&EMBED, "embed", &[("DTYPE", table.dtype().name())])?;
+        for part in &table.0.parts {
+            let (wbuf, wbytes) = part.bind();
+            self.dispatch(
+                &kernel,
+                &[m as u32, k as u32, part.row0, part.rows],
+                &[(1, &ids_buf, ids_buf.size()), (2, wbuf, wbytes), out.bind(3)],
+                groups(m * k.div_ceil(4), 64)?,
+            )?;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,57 @@
+//! `x [m, k] @ W[n, k]^T (+ bias)` with W decoded in the kernel. M = 1 (decode) and small M
+//! (verification, tree steps) decode each weight value once for up to 8 activation rows; larger M
+//! (prefill) uses the tiled kernel. A weight split into parts is one dispatch per part, each
+//! writing its own columns of the output.
+
+use crate::error::Result;
+
+use super::pipelines::MATMUL;
+use super::{groups, shape_check, GpuBackend, Tensor, Weight};
+
+/// Activation rows up to which the split-K kernel beats the tiled one.
+const SMALL_M: usize = 64;
+const TILE: usize = 32;
+/// Weight rows per `matmul_rows` workgroup: each activation value loaded serves this many rows.
+const NR: usize = 4;
+/// Activation rows per `matmul_rows` workgroup. Each thread keeps NR x MT accumulators in
+/// registers; wider tiles spill them (on lavapipe one 64-row pass costs over three times eight
+/// 8-row passes), so batches above 8 rows take one pass over the weight per 8 rows.
+const MAX_MT: usize = 8;
+
+impl GpuBackend {
+    pub(super) fn matmul_weight(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>) -> Result<Tensor> {
+        shape_check(w.cols() == x.cols, "matmul")?;
+        let (m, n, k) = (x.rows, w.rows(), w.cols());
+        let bias = bias.map(|b| b.vector(n, "matmul bias")).transpose()?;
+        let out = self.tensor(m, n)?;
+        let tiled = m > SMALL_M;
+        let (nr, mt) = if tiled { (1, 1) } else { (NR, m.next_power_of_two().min(MAX_MT)) };
+        let (nr_s, mt_s) = (nr.to_string(), mt.to_string());
+        let kernel = self.kernel(
+            &MATMUL,
+            if tiled { "matmul_tiled" } else { "matmul_rows" },
+            &[("DTYPE", w.dtype().name()), ("NR", &nr_s), ("MT", &mt_s)],
+        )?;
+        // Without a bias the kernel never reads binding 3; x stands in for it.
+        let (bias_buf, bias_bytes) = match bias {
+            Some(b) => (b, b.size()),
+            None => (x.buf.buffer(), x.bytes()),
+        };
+        for part in &w.0.parts {
+            let rows = part.rows as usize;
+            let wgs = if tiled {
+                groups(rows, TILE)? * groups(m, TILE)?
+            } else {
+                groups(rows, nr)? * groups(m, mt)?
+            };
+            let (wbuf, wbytes) = part.bind();
+            self.dispatch(
+                &kernel,
+                &[m as u32, n as u32, k as u32, part.row0, part.rows, bias.is_some() as u32],
+                &[x.bind(1), (2, wbuf, wbytes), (3, bias_buf, bias_bytes), out.bind(4)],
+                wgs,
+            )?;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,245 @@
+//! The WebGPU backend: every op a WGSL compute shader run through wgpu, natively (Vulkan, Metal,
+//! DX12, GL) and in the browser (WebGPU).
+//!
+//! - Weights stay in their storage type (f32, f16, bf16, ggml quant blocks) and are decoded inside
+//!   the kernels; no kernel needs `shader-f16`.
+//! - Ops are recorded, not run: a whole forward goes into one compute pass, submitted when a result
+//!   is read back. [`Backend::read`] and [`Backend::argmax`] are the only waits.
+//! - The KV cache lives on the GPU, one `[capacity, kv_dim]` f32 buffer per layer for K and for V.
+//! - Batch metadata (token ids, RoPE tables, masks) is uploaded once per forward and shared by all
+//!   layers: uploads are cached by content, and every layer passes the same positions and mask.
+
+mod argmax;
+mod attention;
+mod bench;
+mod buffers;
+mod device;
+mod elementwise;
+mod embed;
+mod encoder;
+mod matmul;
+mod norm;
+mod pipelines;
+mod rope;
+mod weights;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{AttnShape, Backend, Batch};
+use crate::error::{Error, Result};
+use crate::model::weights::Weight as HostWeight;
+
+use buffers::{BufferPool, MetaCache, Pooled};
+use device::Faults;
+use encoder::Recorder;
+use pipelines::Pipelines;
+
+pub use bench::{bench_kernels, random_weight, BenchOptions, KernelBench};
+pub use device::{list_adapters, AdapterReport};
+pub use weights::Weight;
+
+/// How to open the GPU.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Use the first adapter whose name contains this (case-insensitive); by default, the one
+    /// wgpu prefers for high performance.
+    pub adapter: Option<String>,
+    /// Cap the bytes of one weight buffer below the device's storage binding limit (weights
+    /// larger than that are split by rows); for testing the split on devices with large limits.
+    pub max_binding_bytes: Option<u64>,
+}
+
+/// A row-major `[rows, cols]` f32 matrix on the GPU.
+pub struct Tensor {
+    buf: Pooled,
+    rows: usize,
+    cols: usize,
+}
+
+impl Tensor {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    fn bytes(&self) -> u64 {
+        (self.rows * self.cols * 4).max(4) as u64
+    }
+    fn bind(&self, binding: u32) -> encoder::Bind<'_> {
+        (binding, self.buf.buffer(), self.bytes())
+    }
+}
+
+/// K and V of every layer, `[capacity, kv_dim]` f32 each.
+pub struct Cache {
+    k: Vec<wgpu::Buffer>,
+    v: Vec<wgpu::Buffer>,
+    capacity: usize,
+    kv_dim: usize,
+}
+
+pub struct GpuBackend {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    /// The most bytes one storage binding may cover.
+    max_binding: u64,
+    /// The most bytes of one weight part (`max_binding` unless capped by the options).
+    max_weight_part: u64,
+    faults: Arc<Faults>,
+    pipelines: Pipelines,
+    pool: Arc<BufferPool>,
+    rec: Mutex<Recorder>,
+    meta: Mutex<MetaCache>,
+    weights: Mutex<weights::WeightCache>,
+}
+
+impl GpuBackend {
+    pub async fn new(opts: GpuOptions) -> Result<GpuBackend> {
+        let (info, device, queue) = device::open(&opts).await?;
+        let limits = device.limits();
+        let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        Ok(GpuBackend {
+            faults: Faults::watch(&device),
+            device,
+            queue,
+            info,
+            limits,
+            max_binding,
+            max_weight_part: max_binding.min(opts.max_binding_bytes.unwrap_or(u64::MAX)),
+            pipelines: Pipelines::default(),
+            pool: BufferPool::new(),
+            rec: Mutex::new(Recorder::default()),
+            meta: Mutex::new(MetaCache::new()),
+            weights: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    /// A tensor holding `data`.
+    pub fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Tensor> {
+        if data.len() != rows * cols {
+            return Err(Error::InvalidArgument(format!("{} values for a {rows}x{cols} tensor", data.len())));
+        }
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Ok(Tensor { buf: self.pool.upload(&self.device, &bytes)?, rows, cols })
+    }
+
+    /// A tensor with undefined contents, for an op to fill.
+    fn tensor(&self, rows: usize, cols: usize) -> Result<Tensor> {
+        Ok(Tensor { buf: self.pool.take(&self.device, (rows * cols * 4) as u64)?, rows, cols })
+    }
+
+    fn kernel(&self, shader: &pipelines::Shader, entry: &str, vars: &[(&str, &str)]) -> Result<pipelines::Kernel> {
+        self.pipelines.get(&self.device, shader, entry, vars)
+    }
+
+    fn meta(&self, kind: buffers::Meta, key: &[u32], make: impl FnOnce(&[u32]) -> Vec<u32>) -> Result<wgpu::Buffer> {
+        self.meta.lock().unwrap().get(&self.device, kind, key, make)
+    }
+}
+
+fn shape_check(ok: bool, what: &str) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!("tensor shape mismatch in {what}")))
+    }
+}
+
+/// Workgroups of `size` threads to cover `n` items.
+fn groups(n: usize, size: usize) -> Result<u32> {
+    u32::try_from(n.div_ceil(size)).map_err(|_| Error::InvalidArgument(format!("{n} items exceed one GPU dispatch")))
+}
+
+impl Backend for GpuBackend {
+    type Weight = Weight;
+    type Tensor = Tensor;
+    type Cache = Cache;
+
+    fn name(&self) -> String {
+        format!("gpu ({}, {:?})", self.info.name, self.info.backend)
+    }
+
+    fn load_weight(&self, w: &HostWeight) -> Result<Weight> {
+        self.upload_weight(w)
+    }
+
+    fn new_cache(&self, n_layers: usize, capacity: usize, kv_dim: usize) -> Result<Cache> {
+        let bytes = (capacity.max(1) * kv_dim * 4) as u64;
+        if bytes > self.max_binding {
+            return Err(Error::OutOfMemory(format!(
+                "a KV cache of {capacity} slots x {kv_dim} values needs {bytes} bytes per layer; the device binds at most {}",
+                self.max_binding
+            )));
+        }
+        let layer = || buffers::create(&self.device, bytes, buffers::STORAGE, false, "KV cache");
+        Ok(Cache {
+            k: (0..n_layers).map(|_| layer()).collect::<Result<_>>()?,
+            v: (0..n_layers).map(|_| layer()).collect::<Result<_>>()?,
+            capacity,
+            kv_dim,
+        })
+    }
+
+    fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
+        self.embed_rows(table, ids)
+    }
+
+    fn rms_norm(&self, x: &Tensor, w: &Weight, eps: f32) -> Result<Tensor> {
+        self.rms_norm_rows(x, w, eps)
+    }
+
+    fn matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>) -> Result<Tensor> {
+        self.matmul_weight(x, w, bias)
+    }
+
+    fn rope(&self, x: &mut Tensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
+        self.rope_rows(x, positions, head_dim, theta)
+    }
+
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cache: &mut Cache,
+        layer: usize,
+        batch: &Batch,
+        shape: AttnShape,
+    ) -> Result<Tensor> {
+        self.attend(q, k, v, cache, layer, batch, shape)
+    }
+
+    fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.swiglu_rows(gate, up)
+    }
+
+    fn add_assign(&self, x: &mut Tensor, y: &Tensor) -> Result<()> {
+        self.add_rows(x, y)
+    }
+
+    fn select_rows(&self, x: &Tensor, rows: &[u32]) -> Result<Tensor> {
+        self.gather_rows(x, rows)
+    }
+
+    fn read(&self, x: &Tensor) -> impl Future<Output = Result<Vec<f32>>> {
+        let n = x.rows * x.cols;
+        let bytes = self.download(x.buf.buffer(), x.bytes());
+        async move {
+            let b = bytes.await?;
+            Ok(b.chunks_exact(4).take(n).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        }
+    }
+
+    fn argmax(&self, x: &Tensor) -> impl Future<Output = Result<Vec<u32>>> {
+        self.argmax_rows(x)
+    }
+}

@@ -1,0 +1,84 @@
+//! WGSL sources and the cache of compute pipelines built from them. A source may hold `{{NAME}}`
+//! placeholders (the weight type, tile sizes) that are filled in when a pipeline is first needed,
+//! so that one kernel serves every variant.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::error::Result;
+
+use super::device::scoped;
+
+pub(super) struct Shader {
+    name: &'static str,
+    source: &'static str,
+    /// Whether the kernel decodes weights, and so needs `dequant.wgsl` prepended.
+    dequant: bool,
+}
+
+const DEQUANT: &str = include_str!("../../../shaders/dequant.wgsl");
+
+pub(super) const MATMUL: Shader =
+    Shader { name: "matmul", source: include_str!("../../../shaders/matmul.wgsl"), dequant: true };
+pub(super) const EMBED: Shader = Shader { name: "embed", source: include_str!("../../../shaders/embed.wgsl"), dequant: true };
+pub(super) const NORM: Shader = Shader { name: "norm", source: include_str!("../../../shaders/norm.wgsl"), dequant: false };
+pub(super) const ROPE: Shader = Shader { name: "rope", source: include_str!("../../../shaders/rope.wgsl"), dequant: false };
+pub(super) const ATTENTION: Shader =
+    Shader { name: "attention", source: include_str!("../../../shaders/attention.wgsl"), dequant: false };
+pub(super) const ELEMENTWISE: Shader =
+    Shader { name: "elementwise", source: include_str!("../../../shaders/elementwise.wgsl"), dequant: false };
+pub(super) const ARGMAX: Shader =
+    Shader { name: "argmax", source: include_str!("../../../shaders/argmax.wgsl"), dequant: false };
+
+/// A pipeline with its bind group layout (derived from the shader).
+#[derive(Clone)]
+pub(super) struct Kernel {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+    pub name: String,
+}
+
+#[derive(Default)]
+pub(super) struct Pipelines {
+    cache: Mutex<HashMap<String, Kernel>>,
+}
+
+impl Pipelines {
+    /// The pipeline of `entry` in `shader` with the placeholders replaced as `vars` says.
+    pub fn get(&self, device: &wgpu::Device, shader: &Shader, entry: &str, vars: &[(&str, &str)]) -> Result<Kernel> {
+        let name = std::iter::once(format!("{}.{entry}", shader.name))
+            .chain(vars.iter().map(|(k, v)| format!("{k}={v}")))
+            .collect::<Vec<_>>()
+            .join(",");
+        if let Some(k) = self.cache.lock().unwrap().get(&name) {
+            return Ok(k.clone());
+        }
+        let mut src = if shader.dequant { format!("{DEQUANT}\n{}", shader.source) } else { shader.source.to_string() };
+        for (k, v) in vars {
+            src = src.replace(&format!("{{{{{k}}}}}"), v);
+        }
+        let (pipeline, layout) = scoped(
+            device,
+            || format!("building GPU kernel {name}"),
+            || {
+                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(&name),
+                    source: wgpu::ShaderSource::Wgsl(src.into()),
+                });
+                let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&name),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+                let layout = pipeline.get_bind_group_layout(0);
+                (pipeline, layout)
+            },
+        )?;
+        let k = Kernel { pipeline, layout, name: name.clone() };
+        self.cache.lock().unwrap().insert(name, k.clone());
+        Ok(k)
+    }
+}
