@@ -1,14 +1,16 @@
 //! Model parity on the GPU backend against the HF transformers fp32 reference (tests/golden):
-//! greedy generation under the near-tie rule, and teacher-forced top-5 logits within 0.02.
-//! Software Vulkan (lavapipe) is slow, so each model runs one short golden case. Skips (and says
-//! so) only where no GPU adapter exists at all.
+//! greedy generation under the near-tie rule, and teacher-forced top-5 logits within 0.02; and
+//! greedy SD and SSD with the target on the GPU reproducing its AR tokens. Software Vulkan
+//! (lavapipe) is slow, so each model runs one short golden case. Skips (and says so) only where
+//! no GPU adapter exists at all.
 
 mod util;
 
 use futures::executor::block_on;
 use saguaro::backend::gpu::{list_adapters, GpuBackend, GpuOptions};
 use saguaro::backend::Batch;
-use saguaro::decode::{generate_ar, Request};
+use saguaro::backend::cpu::CpuBackend;
+use saguaro::decode::{generate_ar, generate_sd, generate_ssd, Backup, DraftWorker, Request, SpecConfig};
 use saguaro::model::runner::{Lm, Runner};
 use saguaro::model::transformer::Transformer;
 use saguaro::sampling::SamplingParams;
@@ -21,17 +23,27 @@ const TOP5_TOL: f32 = 0.02;
 /// rest of each reference continuation is checked from the teacher-forced logits.
 const DECODED: usize = 4;
 
-fn check_model(name: &str, case_ids: &[usize]) {
-    if block_on(list_adapters()).is_empty() {
+fn have_gpu() -> bool {
+    let any = !block_on(list_adapters()).is_empty();
+    if !any {
         eprintln!("skipped: no GPU adapter on this machine");
+    }
+    any
+}
+
+fn gpu() -> GpuBackend {
+    block_on(GpuBackend::new(GpuOptions::default())).expect("opening the GPU")
+}
+
+fn check_model(name: &str, case_ids: &[usize]) {
+    if !have_gpu() {
         return;
     }
     let m = model(name);
     let g = golden(name);
     let cases: Vec<&Case> = case_ids.iter().map(|&i| &g.cases[i]).collect();
     let capacity = cases.iter().map(|c| c.prompt_ids.len() + c.greedy_ids.len() + 1).max().unwrap();
-    let gpu = block_on(GpuBackend::new(GpuOptions::default())).expect("opening the GPU");
-    let mut lm = Runner::new(Transformer::new(gpu, &m.weights).unwrap(), capacity).unwrap();
+    let mut lm = Runner::new(Transformer::new(gpu(), &m.weights).unwrap(), capacity).unwrap();
     let vocab = m.weights.config.vocab_size;
     for (&i, case) in case_ids.iter().zip(cases) {
         let what = format!("{name} case {i} on {}", lm.backend_name());
@@ -72,4 +84,34 @@ fn smollm2_matches_reference_on_gpu() {
 #[test]
 fn qwen_05b_matches_reference_on_gpu() {
     check_model(QWEN_05B, &[1]);
+}
+
+/// SmolLM2 on the GPU as the target, drafted on CPU threads by its own first two layers (often
+/// wrong, so rollback of the GPU KV cache is exercised): SD and SSD give the AR tokens exactly.
+#[test]
+fn greedy_sd_and_ssd_with_the_target_on_gpu_match_ar() {
+    if !have_gpu() {
+        return;
+    }
+    let m = model(SMOLLM2);
+    let draft_weights = truncated(&m.weights);
+    let cpu = || CpuBackend::new(0).unwrap();
+    const CAPACITY: usize = 128;
+    let mut target = Runner::new(Transformer::new(gpu(), &m.weights).unwrap(), CAPACITY).unwrap();
+    let mut draft = Runner::new(Transformer::new(cpu(), &draft_weights).unwrap(), CAPACITY).unwrap();
+    let worker_lm = Runner::new(Transformer::new(cpu(), &draft_weights).unwrap(), CAPACITY).unwrap();
+    let mut worker = DraftWorker::new(Box::new(worker_lm)).unwrap();
+    let req = Request {
+        prompt: m.tokenizer.encode("def fibonacci(n):").unwrap(),
+        max_tokens: 12,
+        sampling: SamplingParams::default(),
+        stop: vec![],
+    };
+    let want = block_on(generate_ar(&mut target, &req, &mut |_| true)).unwrap().tokens;
+    let spec = SpecConfig::new(3, "uniform:2".parse().unwrap(), 1.0, Backup::Jit);
+    let sd = block_on(generate_sd(&mut target, &mut draft, &req, &spec, &mut |_| true)).unwrap();
+    assert_eq!(sd.tokens, want, "SD with the target on {}", target.backend_name());
+    let ssd = block_on(generate_ssd(&mut target, &mut worker, &req, &spec, &mut |_| true)).unwrap();
+    assert_eq!(ssd.tokens, want, "SSD with the target on {}", target.backend_name());
+    assert!(sd.stats.acceptance_rate.unwrap() < 1.0, "the two-layer draft should be rejected sometimes: {:?}", sd.stats);
 }

@@ -12,7 +12,8 @@ use std::sync::OnceLock;
 
 use futures::executor::block_on;
 use saguaro::backend::cpu::{CpuBackend, Tensor as CpuTensor};
-use saguaro::backend::gpu::{list_adapters, random_weight, GpuBackend, GpuOptions, Tensor as GpuTensor};
+use saguaro::backend::gpu::{list_adapters, GpuBackend, GpuOptions, Tensor as GpuTensor};
+use saguaro::backend::random_weight;
 use saguaro::backend::{AttnShape, Backend, Batch, Mask, NO_SLOT};
 use saguaro::model::quant::DType;
 use saguaro::model::weights::Weight;
@@ -345,4 +346,23 @@ fn bad_inputs_are_errors() {
     assert!(matches!(r, Err(Error::ContextOverflow { .. })));
     // More memory than one binding (or the device) holds.
     assert!(matches!(g.new_cache(1, 1 << 30, 1024), Err(Error::OutOfMemory(_))));
+}
+
+#[test]
+fn a_lost_device_is_an_error_and_a_new_one_works() {
+    let Some(g) = open(GpuOptions::default()) else { return };
+    let w = g.load_weight(&random_weight(DType::Q4K, 8, 256, 5).unwrap()).unwrap();
+    let x = g.upload(1, 256, &[0.5; 256]).unwrap();
+    g.release();
+    let lost = |r: Result<Vec<f32>, Error>| match r {
+        Err(Error::DeviceLost(msg)) => assert!(msg.contains("released"), "says what happened: {msg}"),
+        other => panic!("expected DeviceLost, got {other:?}"),
+    };
+    lost(g.matmul(&x, &w, None).and_then(|y| block_on(g.read(&y))));
+    lost(block_on(g.read(&x)));
+    let fresh = open(GpuOptions::default()).unwrap();
+    let (w, x) = (fresh.load_weight(&random_weight(DType::Q4K, 8, 256, 5).unwrap()).unwrap(), fresh.upload(1, 256, &[0.5; 256]).unwrap());
+    let y = block_on(fresh.read(&fresh.matmul(&x, &w, None).unwrap())).unwrap();
+    assert_eq!(y.len(), 8);
+    assert!(y.iter().all(|v| v.is_finite()));
 }

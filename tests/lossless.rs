@@ -77,14 +77,6 @@ fn golden_prompts(model: &ModelFile) -> Vec<Vec<u32>> {
     json["prompts"].as_array().unwrap().iter().map(|p| model.tokenizer.encode(p.as_str().unwrap()).unwrap()).collect()
 }
 
-/// The same weights with all but the first two layers dropped: same vocabulary, poor proposals.
-fn truncated(weights: &ModelWeights) -> ModelWeights {
-    let mut w = weights.clone();
-    w.layers.truncate(2);
-    w.config.n_layers = 2;
-    w
-}
-
 /// Asserts that `tokens` is the target's greedy continuation of `prompt`: every token is the
 /// target's argmax after the ones before it. One batched forward checks all of them; the rows of
 /// a batch are computed independently, so this is exactly what AR decoding produces
@@ -156,7 +148,7 @@ fn greedy_smollm2_as_its_own_draft_accepts_everything() {
 #[test]
 fn greedy_smollm2_with_a_poor_draft() {
     let m = real(util::SMOLLM2);
-    let runs = assert_greedy_lossless(&m.weights, &truncated(&m.weights), &golden_prompts(m), 2, &smol_specs(), 8);
+    let runs = assert_greedy_lossless(&m.weights, &util::truncated(&m.weights), &golden_prompts(m), 2, &smol_specs(), 8);
     let rate = runs.iter().map(|g| g.stats.acceptance_rate.unwrap()).sum::<f64>() / runs.len() as f64;
     assert!(rate < 0.5, "a two-layer draft should be wrong often (acceptance {rate}), or this test proves little");
 }

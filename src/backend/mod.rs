@@ -4,6 +4,9 @@
 pub mod cpu;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+mod bench;
+
+pub use bench::{bench_kernels, random_weight, BenchOptions, KernelBench};
 
 use std::future::Future;
 
@@ -93,6 +96,8 @@ pub trait Backend {
     fn name(&self) -> String;
     fn load_weight(&self, w: &Weight) -> Result<Self::Weight>;
     fn new_cache(&self, n_layers: usize, capacity: usize, kv_dim: usize) -> Result<Self::Cache>;
+    /// A `[rows, cols]` tensor holding `data`.
+    fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Tensor>;
 
     /// Rows `ids` of the embedding table.
     fn embed(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor>;
@@ -124,4 +129,6 @@ pub trait Backend {
     fn read(&self, x: &Self::Tensor) -> impl Future<Output = Result<Vec<f32>>>;
     /// The index of the largest value of each row (first on ties).
     fn argmax(&self, x: &Self::Tensor) -> impl Future<Output = Result<Vec<u32>>>;
+    /// Resolves once every op issued so far has finished (for timing queued ops).
+    fn sync(&self) -> impl Future<Output = Result<()>>;
 }

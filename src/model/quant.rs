@@ -102,6 +102,31 @@ pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
+impl std::str::FromStr for DType {
+    type Err = Error;
+
+    /// A name as [`DType::name`] gives it, in any case.
+    fn from_str(s: &str) -> Result<Self> {
+        const ALL: [DType; 11] = [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::Q4K,
+            DType::Q5K,
+            DType::Q6K,
+        ];
+        let names = || ALL.map(DType::name).join(", ");
+        ALL.into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| Error::InvalidArgument(format!("unknown weight type '{s}' (one of {})", names())))
+    }
+}
+
 /// The 6-bit scale and min of sub-block `j` of a Q4_K/Q5_K block's packed 12-byte scales.
 #[inline]
 pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {

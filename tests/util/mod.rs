@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use saguaro::model::load::{open, ModelFile};
+use saguaro::model::weights::ModelWeights;
 
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1";
 pub const QWEN_05B: &str = "qwen2.5-coder-0.5b-instruct";
@@ -22,6 +23,15 @@ pub fn model(name: &str) -> ModelFile {
     let path = root().join("models").join(format!("{name}.gguf"));
     assert!(path.exists(), "{} is missing: run scripts/fetch-models.sh first", path.display());
     open(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+/// The same weights with all but the first two layers dropped: same vocabulary, poor proposals,
+/// so that speculation is rejected often and rollback is exercised.
+pub fn truncated(weights: &ModelWeights) -> ModelWeights {
+    let mut w = weights.clone();
+    w.layers.truncate(2);
+    w.config.n_layers = 2;
+    w
 }
 
 #[derive(Deserialize)]

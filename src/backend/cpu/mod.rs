@@ -81,6 +81,11 @@ impl Backend for CpuBackend {
         Ok(Cache { k: vec![Vec::new(); n_layers], v: vec![Vec::new(); n_layers], kv_dim, capacity })
     }
 
+    fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Tensor> {
+        shape_check(data.len() == rows * cols, "upload")?;
+        Ok(Tensor::new(rows, cols, data.to_vec()))
+    }
+
     fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
         let d = table.cols;
         let mut out = vec![0.0; ids.len() * d];
@@ -223,5 +228,10 @@ impl Backend for CpuBackend {
 
     fn argmax(&self, x: &Tensor) -> impl Future<Output = Result<Vec<u32>>> {
         ready(Ok((0..x.rows).map(|r| crate::sampling::argmax(x.row(r))).collect()))
+    }
+
+    /// Every op has finished when it returns.
+    fn sync(&self) -> impl Future<Output = Result<()>> {
+        ready(Ok(()))
     }
 }

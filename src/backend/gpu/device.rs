@@ -102,10 +102,11 @@ impl Faults {
         let faults = Arc::new(Faults::default());
         let f = faults.clone();
         device.set_device_lost_callback(move |reason, msg| {
-            // Dropping the backend destroys the device; nobody is left to tell.
-            if reason != wgpu::DeviceLostReason::Destroyed {
-                *f.lost.lock().unwrap() = Some(msg);
-            }
+            let why = match reason {
+                wgpu::DeviceLostReason::Destroyed => "the device was released",
+                _ => "the GPU device was lost (driver reset, GPU removed or out of resources)",
+            };
+            f.lose(if msg.is_empty() { why.to_owned() } else { format!("{why}: {msg}") });
         });
         let f = faults.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -113,6 +114,11 @@ impl Faults {
             f.pending.lock().unwrap().get_or_insert((oom, e.to_string()));
         }));
         faults
+    }
+
+    /// Marks the device lost (the first reason given stays).
+    pub fn lose(&self, why: String) {
+        self.lost.lock().unwrap().get_or_insert(why);
     }
 
     /// Fails once the device is lost.

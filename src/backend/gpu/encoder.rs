@@ -179,7 +179,7 @@ impl GpuBackend {
     }
 
     /// Submit everything recorded and resolve once the GPU has finished it.
-    pub async fn sync(&self) -> Result<()> {
+    pub async fn finish(&self) -> Result<()> {
         self.faults.check_lost()?;
         let (tx, rx) = oneshot::channel();
         self.submit(&mut self.rec.lock().unwrap(), |_| ());

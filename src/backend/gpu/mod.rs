@@ -11,7 +11,6 @@
 
 mod argmax;
 mod attention;
-mod bench;
 mod buffers;
 mod device;
 mod elementwise;
@@ -36,7 +35,6 @@ use device::Faults;
 use encoder::Recorder;
 use pipelines::Pipelines;
 
-pub use bench::{bench_kernels, random_weight, BenchOptions, KernelBench};
 pub use device::{list_adapters, AdapterReport};
 pub use weights::Weight;
 
@@ -123,13 +121,13 @@ impl GpuBackend {
         &self.info
     }
 
-    /// A tensor holding `data`.
-    pub fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Tensor> {
-        if data.len() != rows * cols {
-            return Err(Error::InvalidArgument(format!("{} values for a {rows}x{cols} tensor", data.len())));
-        }
-        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-        Ok(Tensor { buf: self.pool.upload(&self.device, &bytes)?, rows, cols })
+    /// Frees the device and its memory now rather than at drop: every later call fails with
+    /// [`Error::DeviceLost`], exactly as after a real loss (a driver reset, a GPU removed), so this
+    /// is also how that path is tested. Open a new backend to go on.
+    pub fn release(&self) {
+        // wgpu reports the loss from a later poll; ops between now and then must already fail.
+        self.faults.lose("the device was released".into());
+        self.device.destroy();
     }
 
     /// A tensor with undefined contents, for an op to fill.
@@ -138,6 +136,8 @@ impl GpuBackend {
     }
 
     fn kernel(&self, shader: &pipelines::Shader, entry: &str, vars: &[(&str, &str)]) -> Result<pipelines::Kernel> {
+        // Every op starts here: on a lost device it fails with the loss, not a validation error.
+        self.faults.check_lost()?;
         self.pipelines.get(&self.device, shader, entry, vars)
     }
 
@@ -187,6 +187,14 @@ impl Backend for GpuBackend {
             capacity,
             kv_dim,
         })
+    }
+
+    fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Tensor> {
+        if data.len() != rows * cols {
+            return Err(Error::InvalidArgument(format!("{} values for a {rows}x{cols} tensor", data.len())));
+        }
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Ok(Tensor { buf: self.pool.upload(&self.device, &bytes)?, rows, cols })
     }
 
     fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
@@ -241,5 +249,9 @@ impl Backend for GpuBackend {
 
     fn argmax(&self, x: &Tensor) -> impl Future<Output = Result<Vec<u32>>> {
         self.argmax_rows(x)
+    }
+
+    fn sync(&self) -> impl Future<Output = Result<()>> {
+        self.finish()
     }
 }

@@ -1,6 +1,7 @@
 //! The `saguaro` command line: generate text, benchmark decoding strategies and kernels.
 
 mod bench;
+mod kernels;
 mod setup;
 
 use std::io::Write;
@@ -39,6 +40,11 @@ enum Command {
     Generate(GenerateArgs),
     /// Run each decoding mode on each prompt, check greedy outputs agree, and compare speed.
     Bench(bench::BenchArgs),
+    /// Time each kernel (matmul per weight type, norm, RoPE, attention, ...) at model shapes:
+    /// ms per call, GB/s and GFLOP/s.
+    BenchKernels(kernels::BenchKernelsArgs),
+    /// List the GPU adapters with their limits and features.
+    Devices,
 }
 
 #[derive(Args)]
@@ -140,6 +146,8 @@ fn main() -> ExitCode {
     let r = match &cli.command {
         Command::Generate(a) => generate(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchKernels(a) => kernels::bench(a),
+        Command::Devices => kernels::devices(),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

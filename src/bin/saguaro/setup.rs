@@ -4,9 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
+use futures::executor::block_on;
 use web_time::Instant;
 
 use saguaro::backend::cpu::CpuBackend;
+use saguaro::backend::gpu::{GpuBackend, GpuOptions};
 use saguaro::decode::{generate_ar, generate_sd, generate_ssd, Backup, DraftWorker, Fanout, Generation, Mode, Request, Sink, SpecConfig};
 use saguaro::model::load::{open, ModelFile};
 use saguaro::model::runner::{Lm, Runner};
@@ -20,6 +22,30 @@ use saguaro::{Error, Result};
 pub enum BackendKind {
     /// CPU threads.
     Cpu,
+    /// The GPU through wgpu (Vulkan, Metal, DX12 or GL); see `saguaro devices`.
+    Gpu,
+}
+
+/// Where a backend runs: the kind, the CPU threads and the GPU adapter.
+#[derive(Args, Clone)]
+pub struct DeviceArgs {
+    /// GPU adapter for `--backend gpu`: the first whose name contains this (case-insensitive);
+    /// default: the one wgpu prefers for performance. `saguaro devices` lists them.
+    #[arg(long)]
+    pub adapter: Option<String>,
+}
+
+impl BackendKind {
+    /// A runner for `w` on this backend, with a KV cache of `capacity` tokens.
+    pub fn runner(self, w: &ModelWeights, threads: usize, dev: &DeviceArgs, capacity: usize) -> Result<Box<dyn Lm + Send>> {
+        Ok(match self {
+            BackendKind::Cpu => Box::new(Runner::new(Transformer::new(CpuBackend::new(threads)?, w)?, capacity)?),
+            BackendKind::Gpu => {
+                let gpu = block_on(GpuBackend::new(GpuOptions { adapter: dev.adapter.clone(), ..Default::default() }))?;
+                Box::new(Runner::new(Transformer::new(gpu, w)?, capacity)?)
+            }
+        })
+    }
 }
 
 #[derive(Args)]
@@ -33,9 +59,11 @@ pub struct EngineArgs {
     /// Where the target runs.
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
-    /// Where the draft runs.
+    /// Where the draft runs. SSD gains most with the target on the GPU and the draft on the CPU.
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     pub draft_backend: BackendKind,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// CPU threads for the target (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -102,11 +130,9 @@ fn load(path: &Path, role: &str) -> Result<ModelFile> {
     Ok(m)
 }
 
-fn runner(w: &ModelWeights, kind: BackendKind, threads: usize, capacity: usize, role: &str) -> Result<Box<dyn Lm + Send>> {
+fn runner(w: &ModelWeights, kind: BackendKind, threads: usize, dev: &DeviceArgs, capacity: usize, role: &str) -> Result<Box<dyn Lm + Send>> {
     let t = Instant::now();
-    let lm: Box<dyn Lm + Send> = match kind {
-        BackendKind::Cpu => Box::new(Runner::new(Transformer::new(CpuBackend::new(threads)?, w)?, capacity)?),
-    };
+    let lm = kind.runner(w, threads, dev, capacity)?;
     eprintln!("{role} on {} ({:.0} ms)", lm.backend_name(), t.elapsed().as_secs_f64() * 1000.0);
     Ok(lm)
 }
@@ -157,9 +183,9 @@ impl Engine {
         }
         let scratch = spec.draft_scratch();
         let capacity = context + scratch;
-        let target = runner(&target_file.weights, args.backend, args.threads, capacity, "target")?;
+        let target = runner(&target_file.weights, args.backend, args.threads, &args.device, capacity, "target")?;
         let draft_weights = &draft_file.as_ref().unwrap_or(&target_file).weights;
-        let draft = |role| runner(draft_weights, args.draft_backend, args.draft_threads, capacity, role);
+        let draft = |role| runner(draft_weights, args.draft_backend, args.draft_threads, &args.device, capacity, role);
         let sd_draft = modes.contains(&Mode::Sd).then(|| draft("SD draft")).transpose()?;
         let ssd_draft = if modes.contains(&Mode::Ssd) { Some(DraftWorker::new(draft("SSD draft")?)?) } else { None };
         Ok(Engine { target_file, target, sd_draft, ssd_draft, spec })

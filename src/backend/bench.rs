@@ -1,16 +1,15 @@
-//! Kernel timings for `saguaro bench-kernels`: each op at model-like shapes on synthetic data,
-//! as time per call, effective memory bandwidth and arithmetic rate.
+//! Kernel timings for `saguaro bench-kernels`, on any backend: each op at model-like shapes on
+//! synthetic data, as time per call, effective memory bandwidth and arithmetic rate.
 
 use std::fmt;
 
 use web_time::Instant;
 
-use crate::backend::{AttnShape, Backend, Batch};
+use super::{AttnShape, Backend, Batch};
 use crate::error::Result;
 use crate::model::quant::DType;
 use crate::model::weights::{Bytes, Weight as HostWeight};
 
-use super::GpuBackend;
 
 /// Shapes to time; the defaults are Qwen2.5-0.5B's.
 #[derive(Clone, Debug)]
@@ -40,7 +39,7 @@ impl Default for BenchOptions {
             head_dim: 64,
             vocab: 151_936,
             context: 512,
-            rows: vec![1, 8, 128],
+            rows: vec![1, 5, 16, 64],
             dtypes: vec![DType::F16, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K],
             reps: 10,
         }
@@ -118,7 +117,7 @@ impl SplitMix {
 }
 
 /// Time every kernel at the shapes `opts` gives.
-pub async fn bench_kernels(gpu: &GpuBackend, opts: &BenchOptions) -> Result<Vec<KernelBench>> {
+pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec<KernelBench>> {
     let o = opts;
     let mut rng = SplitMix(7);
     let mut out = Vec::new();
@@ -127,12 +126,12 @@ pub async fn bench_kernels(gpu: &GpuBackend, opts: &BenchOptions) -> Result<Vec<
     macro_rules! time {
         ($kernel:expr, $shape:expr, $bytes:expr, $flops:expr, $op:expr) => {{
             $op;
-            gpu.sync().await?;
+            b.sync().await?;
             let t0 = Instant::now();
             for _ in 0..reps {
                 $op;
             }
-            gpu.sync().await?;
+            b.sync().await?;
             let s = t0.elapsed().as_secs_f64() / reps as f64;
             out.push(KernelBench {
                 kernel: $kernel.to_string(),
@@ -149,54 +148,54 @@ pub async fn bench_kernels(gpu: &GpuBackend, opts: &BenchOptions) -> Result<Vec<
         // The FFN down projection: its K (d_ffn) is a whole number of 256-value K-quant blocks
         // where d_model need not be.
         let host = random_weight(dtype, d, f, 1)?;
-        let w = gpu.load_weight(&host)?;
+        let w = b.load_weight(&host)?;
         for &m in &o.rows {
-            let x = gpu.upload(m, f, &rng.vec(m * f))?;
+            let x = b.upload(m, f, &rng.vec(m * f))?;
             let bytes = host.data.len() + 4 * m * (d + f);
             time!(format!("matmul {}", dtype.name()), format!("m={m} n={d} k={f}"), bytes, 2 * m * f * d, {
-                gpu.matmul(&x, &w, None)?;
+                b.matmul(&x, &w, None)?;
             });
         }
         if dtype == o.dtypes[0] {
             let ids: Vec<u32> = (0..o.rows.iter().copied().max().unwrap_or(1) as u32).collect();
             let bytes = ids.len() * (host.row_bytes() + 4 * f);
             time!(format!("embed {}", dtype.name()), format!("m={} d={f}", ids.len()), bytes, 0, {
-                gpu.embed(&w, &ids)?;
+                b.embed(&w, &ids)?;
             });
         }
     }
 
-    let norm_w = gpu.load_weight(&HostWeight::from_f32(1, d, &rng.vec(d)))?;
+    let norm_w = b.load_weight(&HostWeight::from_f32(1, d, &rng.vec(d)))?;
     let q_dim = o.n_heads * o.head_dim;
     let kv_dim = o.n_kv_heads * o.head_dim;
     for &m in &o.rows {
-        let x = gpu.upload(m, d, &rng.vec(m * d))?;
+        let x = b.upload(m, d, &rng.vec(m * d))?;
         time!("rms_norm", format!("m={m} d={d}"), 8 * m * d, 4 * m * d, {
-            gpu.rms_norm(&x, &norm_w, 1e-6)?;
+            b.rms_norm(&x, &norm_w, 1e-6)?;
         });
-        let mut q = gpu.upload(m, q_dim, &rng.vec(m * q_dim))?;
+        let mut q = b.upload(m, q_dim, &rng.vec(m * q_dim))?;
         let pos: Vec<u32> = (0..m as u32).collect();
         time!("rope", format!("m={m} cols={q_dim}"), 8 * m * q_dim, 3 * m * q_dim, {
-            gpu.rope(&mut q, &pos, o.head_dim, 1e6)?;
+            b.rope(&mut q, &pos, o.head_dim, 1e6)?;
         });
-        let (g, u) = (gpu.upload(m, f, &rng.vec(m * f))?, gpu.upload(m, f, &rng.vec(m * f))?);
+        let (g, u) = (b.upload(m, f, &rng.vec(m * f))?, b.upload(m, f, &rng.vec(m * f))?);
         time!("swiglu", format!("m={m} cols={f}"), 12 * m * f, 5 * m * f, {
-            gpu.swiglu(&g, &u)?;
+            b.swiglu(&g, &u)?;
         });
-        let mut a = gpu.upload(m, d, &rng.vec(m * d))?;
+        let mut a = b.upload(m, d, &rng.vec(m * d))?;
         time!("add", format!("m={m} cols={d}"), 12 * m * d, m * d, {
-            gpu.add_assign(&mut a, &x)?;
+            b.add_assign(&mut a, &x)?;
         });
-        let logits = gpu.upload(m, o.vocab, &rng.vec(m * o.vocab))?;
+        let logits = b.upload(m, o.vocab, &rng.vec(m * o.vocab))?;
         time!("argmax", format!("m={m} cols={}", o.vocab), 4 * m * o.vocab, 0, {
-            gpu.argmax(&logits).await?;
+            b.argmax(&logits).await?;
         });
         // m new tokens after `context` cached ones, causally.
-        let mut cache = gpu.new_cache(1, o.context + m, kv_dim)?;
+        let mut cache = b.new_cache(1, o.context + m, kv_dim)?;
         let batch = Batch::causal(&vec![0; m], o.context);
         let shape = AttnShape { n_heads: o.n_heads, n_kv_heads: o.n_kv_heads, head_dim: o.head_dim };
-        let qa = gpu.upload(m, q_dim, &rng.vec(m * q_dim))?;
-        let (ka, va) = (gpu.upload(m, kv_dim, &rng.vec(m * kv_dim))?, gpu.upload(m, kv_dim, &rng.vec(m * kv_dim))?);
+        let qa = b.upload(m, q_dim, &rng.vec(m * q_dim))?;
+        let (ka, va) = (b.upload(m, kv_dim, &rng.vec(m * kv_dim))?, b.upload(m, kv_dim, &rng.vec(m * kv_dim))?);
         let slots = m * o.context + m * (m + 1) / 2;
         time!(
             "attention",
@@ -204,7 +203,7 @@ pub async fn bench_kernels(gpu: &GpuBackend, opts: &BenchOptions) -> Result<Vec<
             4 * (m * q_dim * 2 + 2 * slots * kv_dim),
             4 * slots * q_dim,
             {
-                gpu.attention(&qa, &ka, &va, &mut cache, 0, &batch, shape)?;
+                b.attention(&qa, &ka, &va, &mut cache, 0, &batch, shape)?;
             }
         );
     }

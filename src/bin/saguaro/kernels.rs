@@ -1,0 +1,102 @@
+//! `saguaro devices` and `saguaro bench-kernels`: what hardware there is and how fast each kernel
+//! runs on it.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use futures::executor::block_on;
+use serde_json::json;
+
+use saguaro::backend::cpu::CpuBackend;
+use saguaro::backend::gpu::{list_adapters, GpuBackend, GpuOptions};
+use saguaro::backend::{bench_kernels, BenchOptions, KernelBench};
+use saguaro::model::load::open;
+use saguaro::model::quant::DType;
+use saguaro::{Error, Result};
+
+use crate::setup::{BackendKind, DeviceArgs};
+
+/// Every GPU adapter wgpu finds, with the limits and features that matter for inference.
+pub fn devices() -> Result<()> {
+    let adapters = block_on(list_adapters());
+    if adapters.is_empty() {
+        println!("no GPU adapter found (the CPU backend always works: --backend cpu)");
+    }
+    for a in adapters {
+        println!("{a}");
+    }
+    println!("cpu: {} threads available", std::thread::available_parallelism().map_or(1, |n| n.get()));
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct BenchKernelsArgs {
+    /// Backend whose kernels to time.
+    #[arg(long, value_enum, default_value_t = BackendKind::Gpu)]
+    backend: BackendKind,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// CPU threads for `--backend cpu` (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Take the shapes (d_model, d_ffn, heads, vocab) from this model's config; default: Qwen2.5 0.5B's.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Comma-separated activation rows (batch sizes): 1 is a decode step, K+1 a verification,
+    /// the SSD tree batch a few times that, larger ones a prefill.
+    #[arg(long, value_delimiter = ',', default_value = "1,5,16,64")]
+    rows: Vec<usize>,
+    /// Comma-separated weight types to time the matmul in.
+    #[arg(long, value_delimiter = ',', default_value = "f16,q8_0,q4_1,q5_0,q4_k,q6_k")]
+    dtypes: Vec<DType>,
+    /// Cached tokens the attention kernel attends over.
+    #[arg(long, default_value_t = 512)]
+    context: usize,
+    /// Timed calls per kernel and shape (after one warm-up call).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Print one JSON array instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn options(args: &BenchKernelsArgs) -> Result<BenchOptions> {
+    let mut o = BenchOptions { context: args.context, reps: args.reps, rows: args.rows.clone(), ..Default::default() };
+    if o.rows.is_empty() || o.rows.contains(&0) || o.reps == 0 {
+        return Err(Error::InvalidArgument("--rows and --reps must be positive".into()));
+    }
+    o.dtypes = args.dtypes.clone();
+    if let Some(path) = &args.model {
+        let c = open(path)?.weights.config;
+        (o.d_model, o.d_ffn, o.n_heads, o.n_kv_heads, o.head_dim, o.vocab) =
+            (c.d_model, c.d_ffn, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size);
+    }
+    Ok(o)
+}
+
+pub fn bench(args: &BenchKernelsArgs) -> Result<()> {
+    let opts = options(args)?;
+    let (name, rows): (String, Vec<KernelBench>) = match args.backend {
+        BackendKind::Cpu => {
+            let cpu = CpuBackend::new(args.threads)?;
+            (saguaro::backend::Backend::name(&cpu), block_on(bench_kernels(&cpu, &opts))?)
+        }
+        BackendKind::Gpu => {
+            let gpu = block_on(GpuBackend::new(GpuOptions { adapter: args.device.adapter.clone(), ..Default::default() }))?;
+            (saguaro::backend::Backend::name(&gpu), block_on(bench_kernels(&gpu, &opts))?)
+        }
+    };
+    if args.json {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| json!({"kernel": r.kernel, "shape": r.shape, "ms": r.ms, "gb_per_s": r.gb_per_s, "gflop_per_s": r.gflop_per_s}))
+            .collect();
+        println!("{}", json!({"backend": name, "kernels": rows}));
+    } else {
+        println!("{name}");
+        for r in rows {
+            println!("{r}");
+        }
+    }
+    Ok(())
+}
