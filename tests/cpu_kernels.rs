@@ -8,10 +8,11 @@
 //! dot product by at most `Σ_j |w_j| d_j / 508`. The test allows exactly that bound plus
 //! `2e-5 Σ_j |w_j x_j|` for f32 rounding. Float weights see no activation quantization and are
 //! allowed `1e-5 Σ_j |w_j x_j|`. The portable and best kernels compute the same integer sums, so
-//! they must agree to `1e-5 Σ_j |w_j x_j|`.
+//! they must agree to `1e-5 Σ_j |w_j x_j|`. At `Precision::Fast` (one 8-bit part) each activation is
+//! off by at most `d / 2`, and the bound is scaled accordingly.
 
 use half::{bf16, f16};
-use saguaro::backend::cpu::{matmul_with, CpuPool, KernelPath};
+use saguaro::backend::cpu::{matmul_with, CpuPool, KernelPath, Precision};
 use saguaro::model::quant::{self, DType};
 use saguaro::model::weights::{Bytes, Weight};
 
@@ -77,7 +78,7 @@ fn random_weight(dtype: DType, n: usize, k: usize, rng: &mut Rng) -> Weight {
 }
 
 /// The reference dot product and the error it allows (see the module doc).
-fn reference(dtype: DType, w: &[f32], x: &[f32]) -> (f64, f64) {
+fn reference(dtype: DType, precision: Precision, w: &[f32], x: &[f32]) -> (f64, f64) {
     let act_block = match dtype {
         DType::F32 | DType::F16 | DType::BF16 => None,
         DType::Q4K | DType::Q5K | DType::Q6K => Some(quant::QK_K),
@@ -88,12 +89,16 @@ fn reference(dtype: DType, w: &[f32], x: &[f32]) -> (f64, f64) {
     let Some(bs) = act_block else {
         return (exact, 1e-5 * magnitude + 1e-6);
     };
+    let per_d = match precision {
+        Precision::Exact => 508.0,
+        Precision::Fast => 2.0,
+    };
     let rounding: f64 = w
         .chunks(bs)
         .zip(x.chunks(bs))
         .map(|(w, x)| {
             let d = x.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
-            w.iter().map(|&w| (w as f64).abs()).sum::<f64>() * d / 508.0
+            w.iter().map(|&w| (w as f64).abs()).sum::<f64>() * d / per_d
         })
         .sum();
     (exact, rounding + 2e-5 * magnitude + 1e-6)
@@ -113,7 +118,7 @@ const FORMATS: [DType; 11] = [
     DType::F32,
 ];
 
-fn check_format(dtype: DType, pool: &CpuPool) {
+fn check_format(dtype: DType, precision: Precision, pool: &CpuPool) {
     let mut rng = Rng(dtype.block_bytes() as u64 * 7919 + 1);
     let n = 37;
     // Odd block counts; float rows also get lengths that leave a SIMD tail.
@@ -129,14 +134,14 @@ fn check_format(dtype: DType, pool: &CpuPool) {
             // An all-zero activation block must not turn into NaNs.
             x[..dtype.block_size().max(32).min(k)].fill(0.0);
             let mut got = [vec![0.0; m * n], vec![0.0; m * n]];
-            matmul_with(pool, KernelPath::Scalar, &x, m, &w, &mut got[0]);
-            matmul_with(pool, KernelPath::Best, &x, m, &w, &mut got[1]);
+            matmul_with(pool, KernelPath::Scalar, precision, &x, m, &w, &mut got[0]);
+            matmul_with(pool, KernelPath::Best, precision, &x, m, &w, &mut got[1]);
             for i in 0..m {
                 for r in 0..n {
                     let (wr, xi) = (&wf[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
-                    let (want, tol) = reference(dtype, wr, xi);
+                    let (want, tol) = reference(dtype, precision, wr, xi);
                     let (scalar, best) = (got[0][i * n + r] as f64, got[1][i * n + r] as f64);
-                    let at = format!("{dtype:?} k={k} m={m} row {i} col {r}");
+                    let at = format!("{dtype:?} {precision:?} k={k} m={m} row {i} col {r}");
                     assert!((scalar - want).abs() <= tol, "{at}: scalar {scalar} vs {want} (tol {tol})");
                     assert!((best - want).abs() <= tol, "{at}: best {best} vs {want} (tol {tol})");
                     let magnitude: f64 = wr.iter().zip(xi).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
@@ -152,7 +157,15 @@ fn check_format(dtype: DType, pool: &CpuPool) {
 fn every_format_matches_the_reference() {
     let pool = CpuPool::new(3).unwrap();
     for dtype in FORMATS {
-        check_format(dtype, &pool);
+        check_format(dtype, Precision::Exact, &pool);
+    }
+}
+
+#[test]
+fn fast_precision_stays_within_its_bound() {
+    let pool = CpuPool::new(2).unwrap();
+    for dtype in FORMATS {
+        check_format(dtype, Precision::Fast, &pool);
     }
 }
 
@@ -167,10 +180,10 @@ fn single_thread_and_wide_rows() {
         let wf = w.to_f32();
         let x: Vec<f32> = (0..m * k).map(|j| rng.activation() * (1 + j % 97) as f32).collect();
         let mut out = vec![0.0; m * n];
-        matmul_with(&pool, KernelPath::Best, &x, m, &w, &mut out);
+        matmul_with(&pool, KernelPath::Best, Precision::Exact, &x, m, &w, &mut out);
         for i in 0..m {
             for r in 0..n {
-                let (want, tol) = reference(dtype, &wf[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
+                let (want, tol) = reference(dtype, Precision::Exact, &wf[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
                 let got = out[i * n + r] as f64;
                 assert!((got - want).abs() <= tol, "{dtype:?} row {i} col {r}: {got} vs {want} (tol {tol})");
             }

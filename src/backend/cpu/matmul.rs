@@ -14,6 +14,27 @@ use super::quantize::{quantize_q8, quantize_q8k};
 use crate::model::quant::{DType, QK, QK_K};
 use crate::model::weights::Weight;
 
+/// How precisely activations are quantized for the integer kernels of quantized weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Two 8-bit parts per activation (about 15 bits): logits within float noise of an f32
+    /// computation, as the golden parity tests demand of a target.
+    #[default]
+    Exact,
+    /// One 8-bit part, as the fastest CPU engines use: half the integer work per row, logits off
+    /// by up to about 0.5. Right for a draft model, whose proposals the target verifies exactly.
+    Fast,
+}
+
+impl Precision {
+    fn parts(self) -> usize {
+        match self {
+            Precision::Exact => 2,
+            Precision::Fast => 1,
+        }
+    }
+}
+
 /// Which kernels a matmul runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelPath {
@@ -88,11 +109,11 @@ const DEQUANTIZE_ABOVE: usize = 32;
 
 /// `out[m * n]` = `x[m * k]` times the transpose of `w`: `out[i * n + r] = dot(w row r, x row i)`.
 pub fn matmul(pool: &Pool, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
-    matmul_with(pool, KernelPath::Best, x, m, w, out)
+    matmul_with(pool, KernelPath::Best, Precision::Exact, x, m, w, out)
 }
 
-/// [`matmul`] on the kernels `path` names.
-pub fn matmul_with(pool: &Pool, path: KernelPath, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
+/// [`matmul`] on the kernels `path` names, at `precision`.
+pub fn matmul_with(pool: &Pool, path: KernelPath, precision: Precision, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
     let (n, k) = (w.rows, w.cols);
     assert_eq!(x.len(), m * k, "matmul: x is not [m, k]");
     assert_eq!(out.len(), m * n, "matmul: out is not [m, n]");
@@ -100,18 +121,19 @@ pub fn matmul_with(pool: &Pool, path: KernelPath, x: &[f32], m: usize, w: &Weigh
         return;
     }
     let isa = Isa::of(path);
+    let parts = precision.parts();
     let dtype = w.dtype;
     let floats = |dtype| isa.pick(|k| (k.float)(dtype));
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => run(pool, w, x, m, 1, floats(dtype), false, out),
         _ if m > DEQUANTIZE_ABOVE => run(pool, w, x, m, 1, floats(DType::F32), true, out),
         DType::Q4K | DType::Q5K | DType::Q6K => {
-            let q = quantize(pool, x, m, 2 * k / QK_K, |x, q| quantize_q8k(x, q, isa.avx2()));
-            run(pool, w, &q, m, 2, isa.pick(|k| (k.qk)(dtype)), false, out)
+            let q = quantize(pool, x, m, parts * k / QK_K, |x, q| quantize_q8k(x, q, isa.avx2()));
+            run(pool, w, &q, m, parts, isa.pick(|k| (k.qk)(dtype)), false, out)
         }
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => {
-            let q = quantize(pool, x, m, 2 * k / QK, |x, q| quantize_q8(x, q, isa.avx2()));
-            run(pool, w, &q, m, 2, isa.pick(|k| (k.q32)(dtype)), false, out)
+            let q = quantize(pool, x, m, parts * k / QK, |x, q| quantize_q8(x, q, isa.avx2()));
+            run(pool, w, &q, m, parts, isa.pick(|k| (k.q32)(dtype)), false, out)
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::model::weights::Weight;
 use pool::{Pool, SharedMut};
 
-pub use matmul::{matmul, matmul_with, KernelPath};
+pub use matmul::{matmul, matmul_with, KernelPath, Precision};
 pub use pool::Pool as CpuPool;
 
 /// A row-major `[rows, cols]` f32 matrix.
@@ -44,12 +44,17 @@ pub struct Cache {
 
 pub struct CpuBackend {
     pool: Pool,
+    precision: Precision,
 }
 
 impl CpuBackend {
-    /// A backend computing on `threads` threads (0 = all available cores).
+    /// A backend computing on `threads` threads (0 = all available cores), at [`Precision::Exact`].
     pub fn new(threads: usize) -> Result<Self> {
-        Ok(CpuBackend { pool: Pool::new(threads)? })
+        Ok(CpuBackend { pool: Pool::new(threads)?, precision: Precision::Exact })
+    }
+    /// The same backend with activations quantized at `precision` (see [`Precision`]).
+    pub fn with_precision(self, precision: Precision) -> Self {
+        CpuBackend { precision, ..self }
     }
     pub fn threads(&self) -> usize {
         self.pool.threads()
@@ -70,7 +75,10 @@ impl Backend for CpuBackend {
     type Cache = Cache;
 
     fn name(&self) -> String {
-        format!("cpu ({} threads)", self.threads())
+        match self.precision {
+            Precision::Exact => format!("cpu ({} threads)", self.threads()),
+            Precision::Fast => format!("cpu ({} threads, fast 8-bit activations)", self.threads()),
+        }
     }
 
     fn load_weight(&self, w: &Weight) -> Result<Weight> {
@@ -116,7 +124,7 @@ impl Backend for CpuBackend {
     fn matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>) -> Result<Tensor> {
         shape_check(w.cols == x.cols, "matmul")?;
         let mut out = vec![0.0; x.rows * w.rows];
-        matmul::matmul(&self.pool, &x.data, x.rows, w, &mut out);
+        matmul_with(&self.pool, KernelPath::Best, self.precision, &x.data, x.rows, w, &mut out);
         if let Some(b) = bias {
             let b = b.to_f32();
             shape_check(b.len() == w.rows, "matmul bias")?;

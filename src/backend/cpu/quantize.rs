@@ -1,10 +1,11 @@
 //! Activations quantized once per matmul, so that every weight block is dotted with them in 8-bit
-//! integer arithmetic. A row is stored as two rows of symmetric 8-bit blocks, `x ≈ d q + d' q'`:
-//! `q = round(x / d)` with `d = max|x| / 127`, and `q'` quantizes the remainder `x - d q` the same
-//! way. One 8-bit part alone moves logits of real models by up to 0.1 through their activation
-//! outliers; the two parts (about 15 bits) keep them within float noise of the f32 reference, for
-//! one more multiply-add per value per row while the weights are decoded once. A value is off by at
-//! most `d' / 2 <= d / 508`.
+//! integer arithmetic. At [`Precision::Exact`](super::Precision) a row is stored as two rows of
+//! symmetric 8-bit blocks, `x ≈ d q + d' q'`: `q = round(x / d)` with `d = max|x| / 127`, and `q'`
+//! quantizes the remainder `x - d q` the same way. One 8-bit part alone (`Precision::Fast`) moves
+//! logits of real models by up to 0.5 through their activation outliers (measured on the golden
+//! cases); the two parts (about 15 bits) keep them within 0.003 of the f32 reference, for one more
+//! multiply-add per value per row while the weights are decoded once. A value is off by at most
+//! `d' / 2 <= d / 508` with two parts, `d / 2` with one.
 
 use crate::model::quant::{QK, QK_K};
 
@@ -50,36 +51,41 @@ fn block(x: &[f32], q: &mut [i8]) -> f32 {
     d
 }
 
-/// Quantizes `x` into `hi` and what `hi` leaves of it into `lo`, returning both scales.
+/// What the 8-bit values `q` at scale `d` leave of `x`.
 #[inline(always)]
-fn split<const N: usize>(x: &[f32], hi: &mut [i8; N], lo: &mut [i8; N]) -> (f32, f32) {
-    let d = block(x, hi);
-    let mut rest = [0.0f32; N];
-    for ((r, &v), &q) in rest.iter_mut().zip(x).zip(hi.iter()) {
-        *r = v - d * q as f32;
-    }
-    (d, block(&rest, lo))
+fn remainder<const N: usize>(x: &[f32], d: f32, q: &[i8; N]) -> [f32; N] {
+    std::array::from_fn(|j| x[j] - d * q[j] as f32)
 }
 
+/// `out` holds one or two rows of blocks (the main part, then the remainder if there is room).
 #[inline(always)]
 fn q8_portable(x: &[f32], out: &mut [BlockQ8]) {
     let (hi, lo) = out.split_at_mut(x.len() / QK);
-    for ((x, h), l) in x.chunks_exact(QK).zip(hi).zip(lo) {
-        (h.d, l.d) = split(x, &mut h.qs, &mut l.qs);
-        h.s = h.d * h.qs.iter().map(|&q| q as i32).sum::<i32>() as f32;
-        l.s = l.d * l.qs.iter().map(|&q| q as i32).sum::<i32>() as f32;
+    let sum = |q: &[i8; QK]| q.iter().map(|&q| q as i32).sum::<i32>() as f32;
+    for (b, (x, h)) in x.chunks_exact(QK).zip(hi).enumerate() {
+        h.d = block(x, &mut h.qs);
+        h.s = h.d * sum(&h.qs);
+        if let Some(l) = lo.get_mut(b) {
+            l.d = block(&remainder(x, h.d, &h.qs), &mut l.qs);
+            l.s = l.d * sum(&l.qs);
+        }
     }
 }
 
 #[inline(always)]
 fn q8k_portable(x: &[f32], out: &mut [BlockQ8K]) {
     let (hi, lo) = out.split_at_mut(x.len() / QK_K);
-    for ((x, h), l) in x.chunks_exact(QK_K).zip(hi).zip(lo) {
-        (h.d, l.d) = split(x, &mut h.qs, &mut l.qs);
-        for b in [h, l] {
-            for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
-                *s = q.iter().map(|&q| q as i16).sum();
-            }
+    let bsums = |b: &mut BlockQ8K| {
+        for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            *s = q.iter().map(|&q| q as i16).sum();
+        }
+    };
+    for (b, (x, h)) in x.chunks_exact(QK_K).zip(hi).enumerate() {
+        h.d = block(x, &mut h.qs);
+        bsums(h);
+        if let Some(l) = lo.get_mut(b) {
+            l.d = block(&remainder(x, h.d, &h.qs), &mut l.qs);
+            bsums(l);
         }
     }
 }
@@ -100,10 +106,10 @@ mod avx2 {
     }
 }
 
-/// `x` (a whole number of 32-value blocks) as two rows of [`BlockQ8`]s, the main part then the
-/// remainder; `simd` says AVX2 was detected.
+/// `x` (a whole number of 32-value blocks) as one or two rows of [`BlockQ8`]s, as `out` has room
+/// for: the main part, then the remainder; `simd` says AVX2 was detected.
 pub(crate) fn quantize_q8(x: &[f32], out: &mut [BlockQ8], simd: bool) {
-    debug_assert_eq!(2 * x.len(), out.len() * QK);
+    debug_assert!(out.len() * QK == x.len() || out.len() * QK == 2 * x.len());
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: the caller detected AVX2, FMA and F16C.
@@ -113,10 +119,10 @@ pub(crate) fn quantize_q8(x: &[f32], out: &mut [BlockQ8], simd: bool) {
     q8_portable(x, out)
 }
 
-/// `x` (a whole number of 256-value blocks) as two rows of [`BlockQ8K`]s, the main part then the
-/// remainder; `simd` says AVX2 was detected.
+/// `x` (a whole number of 256-value blocks) as one or two rows of [`BlockQ8K`]s, as `out` has room
+/// for: the main part, then the remainder; `simd` says AVX2 was detected.
 pub(crate) fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K], simd: bool) {
-    debug_assert_eq!(2 * x.len(), out.len() * QK_K);
+    debug_assert!(out.len() * QK_K == x.len() || out.len() * QK_K == 2 * x.len());
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: the caller detected AVX2, FMA and F16C.

@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use futures::executor::block_on;
 use web_time::Instant;
 
-use saguaro::backend::cpu::CpuBackend;
+use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
 use saguaro::decode::{generate_ar, generate_sd, generate_ssd, Backup, DraftWorker, Fanout, Generation, Mode, Request, Sink, SpecConfig};
 use saguaro::model::load::{open, ModelFile};
@@ -26,6 +26,21 @@ pub enum BackendKind {
     Gpu,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DraftPrecision {
+    Fast,
+    Exact,
+}
+
+impl From<DraftPrecision> for Precision {
+    fn from(p: DraftPrecision) -> Precision {
+        match p {
+            DraftPrecision::Fast => Precision::Fast,
+            DraftPrecision::Exact => Precision::Exact,
+        }
+    }
+}
+
 /// Where a backend runs: the kind, the CPU threads and the GPU adapter.
 #[derive(Args, Clone)]
 pub struct DeviceArgs {
@@ -37,9 +52,12 @@ pub struct DeviceArgs {
 
 impl BackendKind {
     /// A runner for `w` on this backend, with a KV cache of `capacity` tokens.
-    pub fn runner(self, w: &ModelWeights, threads: usize, dev: &DeviceArgs, capacity: usize) -> Result<Box<dyn Lm + Send>> {
+    pub fn runner(self, w: &ModelWeights, threads: usize, precision: Precision, dev: &DeviceArgs, capacity: usize) -> Result<Box<dyn Lm + Send>> {
         Ok(match self {
-            BackendKind::Cpu => Box::new(Runner::new(Transformer::new(CpuBackend::new(threads)?, w)?, capacity)?),
+            BackendKind::Cpu => {
+                let cpu = CpuBackend::new(threads)?.with_precision(precision);
+                Box::new(Runner::new(Transformer::new(cpu, w)?, capacity)?)
+            }
             BackendKind::Gpu => {
                 let gpu = block_on(GpuBackend::new(GpuOptions { adapter: dev.adapter.clone(), ..Default::default() }))?;
                 Box::new(Runner::new(Transformer::new(gpu, w)?, capacity)?)
@@ -70,6 +88,10 @@ pub struct EngineArgs {
     /// CPU threads for the draft (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub draft_threads: usize,
+    /// Activation precision of the draft on the CPU: fast (one 8-bit part, half the work; the
+    /// target verifies every proposal, so output is unchanged) or exact (as the target).
+    #[arg(long, value_enum, default_value_t = DraftPrecision::Fast)]
+    pub draft_precision: DraftPrecision,
     /// Draft tokens per round (K).
     #[arg(long, default_value_t = 4)]
     pub spec_k: usize,
@@ -130,9 +152,9 @@ fn load(path: &Path, role: &str) -> Result<ModelFile> {
     Ok(m)
 }
 
-fn runner(w: &ModelWeights, kind: BackendKind, threads: usize, dev: &DeviceArgs, capacity: usize, role: &str) -> Result<Box<dyn Lm + Send>> {
+fn runner(w: &ModelWeights, kind: BackendKind, threads: usize, precision: Precision, dev: &DeviceArgs, capacity: usize, role: &str) -> Result<Box<dyn Lm + Send>> {
     let t = Instant::now();
-    let lm = kind.runner(w, threads, dev, capacity)?;
+    let lm = kind.runner(w, threads, precision, dev, capacity)?;
     eprintln!("{role} on {} ({:.0} ms)", lm.backend_name(), t.elapsed().as_secs_f64() * 1000.0);
     Ok(lm)
 }
@@ -183,9 +205,9 @@ impl Engine {
         }
         let scratch = spec.draft_scratch();
         let capacity = context + scratch;
-        let target = runner(&target_file.weights, args.backend, args.threads, &args.device, capacity, "target")?;
+        let target = runner(&target_file.weights, args.backend, args.threads, Precision::Exact, &args.device, capacity, "target")?;
         let draft_weights = &draft_file.as_ref().unwrap_or(&target_file).weights;
-        let draft = |role| runner(draft_weights, args.draft_backend, args.draft_threads, &args.device, capacity, role);
+        let draft = |role| runner(draft_weights, args.draft_backend, args.draft_threads, args.draft_precision.into(), &args.device, capacity, role);
         let sd_draft = modes.contains(&Mode::Sd).then(|| draft("SD draft")).transpose()?;
         let ssd_draft = if modes.contains(&Mode::Ssd) { Some(DraftWorker::new(draft("SSD draft")?)?) } else { None };
         Ok(Engine { target_file, target, sd_draft, ssd_draft, spec })
