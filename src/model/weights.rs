@@ -84,8 +84,13 @@ impl Weight {
     }
 
     pub fn row(&self, r: usize) -> &[u8] {
+        self.rows_range(r..r + 1)
+    }
+
+    /// Rows `rows` of the weight, back to back.
+    pub fn rows_range(&self, rows: std::ops::Range<usize>) -> &[u8] {
         let rb = self.row_bytes();
-        &self.data.as_slice()[r * rb..(r + 1) * rb]
+        &self.data.as_slice()[rows.start * rb..rows.end * rb]
     }
 
     /// Row `r` as f32 values.

@@ -182,8 +182,7 @@ fn run<A: Sync>(
 ) {
     let (n, k) = (w.rows, w.cols);
     let per_row = x.len() / m;
-    let row_bytes = if dequantize { 4 * k } else { w.row_bytes() };
-    let rows = chunk_rows(pool, n, row_bytes);
+    let rows = chunk_rows(pool, n, if dequantize { 4 * k } else { w.row_bytes() });
     let group = MAX_ROWS / parts;
     let out_ptr = SharedMut(out.as_mut_ptr());
     pool.for_each(n.div_ceil(rows), |c| {
@@ -195,15 +194,16 @@ fn run<A: Sync>(
         }
         // SAFETY: any initialized f32 is 4 initialized bytes, and the float kernels read bytes.
         let tile = unsafe { std::slice::from_raw_parts(tile.as_ptr() as *const u8, 4 * tile.len()) };
+        let wc = if dequantize { tile } else { w.rows_range(own.clone()) };
+        let mut o = vec![0.0f32; own.len() * MAX_ROWS];
         for i0 in (0..m).step_by(group) {
             let g = group.min(m - i0);
-            let xg = &x[i0 * per_row..(i0 + g) * per_row];
-            let mut o = [0.0f32; MAX_ROWS];
-            for (j, r) in own.clone().enumerate() {
-                let wr = if dequantize { &tile[j * row_bytes..(j + 1) * row_bytes] } else { w.row(r) };
-                // SAFETY: `pick` chose kernels this CPU runs; xg holds g * parts activation rows.
-                unsafe { kernel(wr, xg, &mut o[..g * parts]) };
-                for (i, o) in o[..g * parts].chunks_exact(parts).enumerate() {
+            let gp = g * parts;
+            let o = &mut o[..own.len() * gp];
+            // SAFETY: `pick` chose kernels this CPU runs; the group holds g * parts activation rows.
+            unsafe { kernel(wc, &x[i0 * per_row..(i0 + g) * per_row], gp, o) };
+            for (r, o) in own.clone().zip(o.chunks_exact(gp)) {
+                for (i, o) in o.chunks_exact(parts).enumerate() {
                     // SAFETY: (i0 + i, r) is written by this chunk alone, and out has m * n elements.
                     unsafe { *out_ptr.0.add((i0 + i) * n + r) = o.iter().sum() };
                 }

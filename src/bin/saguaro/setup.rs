@@ -27,16 +27,16 @@ pub enum BackendKind {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DraftPrecision {
+pub enum PrecisionArg {
     Fast,
     Exact,
 }
 
-impl From<DraftPrecision> for Precision {
-    fn from(p: DraftPrecision) -> Precision {
+impl From<PrecisionArg> for Precision {
+    fn from(p: PrecisionArg) -> Precision {
         match p {
-            DraftPrecision::Fast => Precision::Fast,
-            DraftPrecision::Exact => Precision::Exact,
+            PrecisionArg::Fast => Precision::Fast,
+            PrecisionArg::Exact => Precision::Exact,
         }
     }
 }
@@ -88,10 +88,15 @@ pub struct EngineArgs {
     /// CPU threads for the draft (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub draft_threads: usize,
-    /// Activation precision of the draft on the CPU: fast (one 8-bit part, half the work; the
-    /// target verifies every proposal, so output is unchanged) or exact (as the target).
-    #[arg(long, value_enum, default_value_t = DraftPrecision::Fast)]
-    pub draft_precision: DraftPrecision,
+    /// Activation precision of the target on the CPU: exact (two 8-bit parts, logits within 0.003
+    /// of an f32 computation) or fast (one 8-bit part as llama.cpp uses: less work per token,
+    /// logits off by up to about 0.5, so greedy output can differ from the exact one).
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
+    pub precision: PrecisionArg,
+    /// Activation precision of the draft on the CPU: fast (the default: the target verifies every
+    /// proposal, so output is unchanged) or exact.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Fast)]
+    pub draft_precision: PrecisionArg,
     /// Draft tokens per round (K).
     #[arg(long, default_value_t = 4)]
     pub spec_k: usize,
@@ -205,7 +210,7 @@ impl Engine {
         }
         let scratch = spec.draft_scratch();
         let capacity = context + scratch;
-        let target = runner(&target_file.weights, args.backend, args.threads, Precision::Exact, &args.device, capacity, "target")?;
+        let target = runner(&target_file.weights, args.backend, args.threads, args.precision.into(), &args.device, capacity, "target")?;
         let draft_weights = &draft_file.as_ref().unwrap_or(&target_file).weights;
         let draft = |role| runner(draft_weights, args.draft_backend, args.draft_threads, args.draft_precision.into(), &args.device, capacity, role);
         let sd_draft = modes.contains(&Mode::Sd).then(|| draft("SD draft")).transpose()?;

@@ -93,6 +93,7 @@ unsafe fn chunk_k<F: BlockK>(b: *const u8, t: usize) -> __m256i {
     }
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q32_rows<F: Block32, const R: usize>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
@@ -123,6 +124,7 @@ unsafe fn q32_rows<F: Block32, const R: usize>(w: &[u8], x: &[BlockQ8], out: &mu
     }
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qk_rows<F: BlockK, const R: usize>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
@@ -169,6 +171,7 @@ unsafe fn float8<F: Float>(w: *const u8, j: usize) -> __m256 {
     }
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float_rows<F: Float, const R: usize>(w: &[u8], x: &[f32], out: &mut [f32]) {
     let k = w.len() / F::BYTES;
@@ -198,16 +201,19 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     out[0]
 }
 
-unsafe fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
-    by_rows!(q32_rows::<F>(w, x, out))
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], rows: usize, out: &mut [f32]) {
+    by_rows!(q32_rows::<F>(w, x, rows, out))
 }
 
-unsafe fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
-    by_rows!(qk_rows::<F>(w, x, out))
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], rows: usize, out: &mut [f32]) {
+    by_rows!(qk_rows::<F>(w, x, rows, out))
 }
 
-unsafe fn float<F: Float>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    by_rows!(float_rows::<F>(w, x, out))
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float<F: Float>(w: &[u8], x: &[f32], rows: usize, out: &mut [f32]) {
+    by_rows!(float_rows::<F>(w, x, rows, out))
 }
 
 pub(crate) const KERNELS: Kernels = Kernels {

@@ -23,10 +23,12 @@ pub(crate) mod wasm;
 /// The most activation rows one kernel call takes: their accumulators stay in registers.
 pub(crate) const MAX_ROWS: usize = 8;
 
-/// `out[i] = dot(weight row, activation row i)` for `out.len()` (1..=[`MAX_ROWS`]) activation rows
-/// laid out back to back in the second argument. Unsafe because the SIMD kernels need their
-/// instruction set, which the caller has detected.
-pub(crate) type RowsFn<A> = unsafe fn(&[u8], &[A], &mut [f32]);
+/// `out[j * rows + i] = dot(weight row j, activation row i)` for every weight row `j` laid out back
+/// to back in the first argument and `rows` (1..=[`MAX_ROWS`]) activation rows laid out back to
+/// back in the second. One call covers many weight rows so that the per-call setup is paid once
+/// and the row loop runs inside the kernel's instruction set. Unsafe because the SIMD kernels need
+/// their instruction set, which the caller has detected.
+pub(crate) type RowsFn<A> = unsafe fn(&[u8], &[A], usize, &mut [f32]);
 
 /// A 32-value block format.
 pub(crate) trait Block32 {
@@ -166,22 +168,43 @@ formats! {
 
 const _: () = assert!(QK == 32 && QK_K == 256);
 
-/// Instantiates a kernel generic over `<Format, const ROWS>` for the row count of `out`.
+/// Applies `kernel` (one weight row against `rows` activation rows) to each weight row of `w`,
+/// writing `rows` results per weight row. Inlined into the caller, so the kernel inlines into the
+/// loop when the caller has the kernel's instruction set.
+#[inline(always)]
+pub(crate) fn each_row<A>(w: &[u8], x: &[A], rows: usize, out: &mut [f32], kernel: impl Fn(&[u8], &[A], &mut [f32])) {
+    let n = out.len() / rows;
+    if n == 0 {
+        return;
+    }
+    for (w, o) in w.chunks_exact(w.len() / n).zip(out.chunks_exact_mut(rows)) {
+        kernel(w, x, o);
+    }
+}
+
+/// Instantiates a kernel generic over `<Format, const ROWS>` for `rows` activation rows and runs
+/// it on every weight row (see [`each_row`]).
 #[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
 macro_rules! by_rows {
-    ($kernel:ident::<$f:ty>($w:expr, $x:expr, $out:expr)) => {
-        match $out.len() {
-            1 => $kernel::<$f, 1>($w, $x, $out),
-            2 => $kernel::<$f, 2>($w, $x, $out),
-            3 => $kernel::<$f, 3>($w, $x, $out),
-            4 => $kernel::<$f, 4>($w, $x, $out),
-            5 => $kernel::<$f, 5>($w, $x, $out),
-            6 => $kernel::<$f, 6>($w, $x, $out),
-            7 => $kernel::<$f, 7>($w, $x, $out),
-            8 => $kernel::<$f, 8>($w, $x, $out),
+    ($kernel:ident::<$f:ty>($w:expr, $x:expr, $rows:expr, $out:expr)) => {{
+        macro_rules! run {
+            ($r:literal) => {
+                // SAFETY: the caller runs in the kernel's instruction set (see RowsFn).
+                each_row($w, $x, $r, $out, |w, x, o| unsafe { $kernel::<$f, $r>(w, x, o) })
+            };
+        }
+        match $rows {
+            1 => run!(1),
+            2 => run!(2),
+            3 => run!(3),
+            4 => run!(4),
+            5 => run!(5),
+            6 => run!(6),
+            7 => run!(7),
+            8 => run!(8),
             _ => unreachable!("at most MAX_ROWS activation rows per call"),
         }
-    };
+    }};
 }
 #[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
 pub(crate) use by_rows;

@@ -3,7 +3,11 @@
 
 use super::*;
 
-fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], rows: usize, out: &mut [f32]) {
+    each_row(w, x, rows, out, q32_row::<F>)
+}
+
+fn q32_row<F: Block32>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     let mut acc = [0.0f32; MAX_ROWS];
     for (b, blk) in w.chunks_exact(F::BYTES).enumerate() {
@@ -20,7 +24,11 @@ fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
     out.copy_from_slice(&acc[..out.len()]);
 }
 
-fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
+fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], rows: usize, out: &mut [f32]) {
+    each_row(w, x, rows, out, qk_row::<F>)
+}
+
+fn qk_row<F: BlockK>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     let mut acc = [0.0f32; MAX_ROWS];
     for (b, blk) in w.chunks_exact(F::BYTES).enumerate() {
@@ -42,7 +50,11 @@ fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
     out.copy_from_slice(&acc[..out.len()]);
 }
 
-fn float<F: Float>(w: &[u8], x: &[f32], out: &mut [f32]) {
+fn float<F: Float>(w: &[u8], x: &[f32], rows: usize, out: &mut [f32]) {
+    each_row(w, x, rows, out, float_row::<F>)
+}
+
+fn float_row<F: Float>(w: &[u8], x: &[f32], out: &mut [f32]) {
     let k = w.len() / F::BYTES;
     for (i, o) in out.iter_mut().enumerate() {
         let xi = &x[i * k..(i + 1) * k];

@@ -148,12 +148,12 @@ unsafe fn qk_rows<F: BlockK, const R: usize>(w: &[u8], x: &[BlockQ8K], out: &mut
     }
 }
 
-unsafe fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
-    by_rows!(q32_rows::<F>(w, x, out))
+unsafe fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], rows: usize, out: &mut [f32]) {
+    by_rows!(q32_rows::<F>(w, x, rows, out))
 }
 
-unsafe fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
-    by_rows!(qk_rows::<F>(w, x, out))
+unsafe fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], rows: usize, out: &mut [f32]) {
+    by_rows!(qk_rows::<F>(w, x, rows, out))
 }
 
 pub(crate) const KERNELS: Kernels = Kernels {
