@@ -6,48 +6,26 @@
 //! (`SAGUARO_BENCH_MODEL` names another).
 
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use saguaro::backend::cpu::{matmul, CpuPool};
+use saguaro::backend::random_weight;
 use saguaro::model::quant::DType;
-use saguaro::model::weights::{Bytes, Weight};
+use saguaro::model::weights::Weight;
+use saguaro::sampling::Rng;
 
 const STREAM_BYTES: usize = 256 << 20;
 const BATCHES: [usize; 4] = [1, 5, 16, 64];
 
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Copies of an `n x k` weight of random blocks with small finite scales, `STREAM_BYTES` at least.
+/// Copies of a random `n x k` weight, `STREAM_BYTES` at least.
 fn weights(dtype: DType, n: usize, k: usize) -> Vec<Weight> {
     let bytes = dtype.bytes_for(n * k).unwrap();
-    let copies = STREAM_BYTES.div_ceil(bytes);
-    let mut state = 1;
-    let mut data: Vec<u8> = (0..bytes * copies).map(|_| splitmix(&mut state) as u8).collect();
-    let scales: &[usize] = match dtype {
-        DType::Q6K => &[208],
-        DType::Q4K | DType::Q5K | DType::Q4_1 | DType::Q5_1 => &[0, 2],
-        _ => &[0],
-    };
-    let small = half::f16::from_f32(0.01).to_le_bytes();
-    for block in data.chunks_exact_mut(dtype.block_bytes()) {
-        scales.iter().for_each(|&at| block[at..at + 2].copy_from_slice(&small));
-    }
-    let storage: Arc<Vec<u8>> = Arc::new(data);
-    (0..copies)
-        .map(|c| Weight::new(dtype, n, k, Bytes::new(storage.clone(), c * bytes..(c + 1) * bytes)).unwrap())
-        .collect()
+    (0..STREAM_BYTES.div_ceil(bytes) as u64).map(|c| random_weight(dtype, n, k, c).unwrap()).collect()
 }
 
 fn activations(m: usize, k: usize) -> Vec<f32> {
-    let mut state = 7;
-    (0..m * k).map(|_| (splitmix(&mut state) >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
+    let mut rng = Rng::new(7);
+    (0..m * k).map(|_| 2.0 * rng.uniform() - 1.0).collect()
 }
 
 fn memory(c: &mut Criterion, pool: &CpuPool) {

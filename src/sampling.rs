@@ -66,6 +66,10 @@ impl Rng {
         Rng(ChaCha8Rng::seed_from_u64(seed))
     }
 
+    pub fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
     /// Uniform in [0, 1), with 24 bits of resolution (all an f32 mantissa holds).
     pub fn uniform(&mut self) -> f32 {
         (self.0.next_u32() >> 8) as f32 * (1.0 / (1u32 << 24) as f32)

@@ -18,20 +18,10 @@ use saguaro::backend::{AttnShape, Backend, Batch, Mask, NO_SLOT};
 use saguaro::model::quant::DType;
 use saguaro::model::weights::Weight;
 use saguaro::Error;
+use util::rand::TestRng;
 
-const ALL_DTYPES: [DType; 11] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q4K,
-    DType::Q5K,
-    DType::Q6K,
-];
+mod util;
+
 
 fn open(opts: GpuOptions) -> Option<GpuBackend> {
     if block_on(list_adapters()).is_empty() {
@@ -52,26 +42,6 @@ fn cpu() -> &'static CpuBackend {
     CPU.get_or_init(|| CpuBackend::new(2).unwrap())
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
-    fn below(&mut self, n: u32) -> u32 {
-        (self.next() % n as u64) as u32
-    }
-}
 
 fn pair(g: &GpuBackend, rows: usize, cols: usize, data: Vec<f32>) -> (CpuTensor, GpuTensor) {
     (CpuTensor::new(rows, cols, data.clone()), g.upload(rows, cols, &data).unwrap())
@@ -99,7 +69,7 @@ fn check_matmul(g: &GpuBackend, w: &Weight, bias: Option<&Weight>, ms: &[usize],
     let gb = bias.map(|b| g.load_weight(b).unwrap());
     let dense = w.to_f32();
     let (n, k) = (w.rows, w.cols);
-    let mut rng = Rng(seed);
+    let mut rng = TestRng::new(seed);
     for &m in ms {
         let (cx, gx) = pair(g, m, k, rng.vec(m * k));
         let want = cpu().matmul(&cx, w, bias).unwrap();
@@ -120,7 +90,7 @@ fn check_matmul(g: &GpuBackend, w: &Weight, bias: Option<&Weight>, ms: &[usize],
 #[test]
 fn matmul_every_dtype_and_batch_size() {
     let Some(g) = gpu() else { return };
-    for (i, &dtype) in ALL_DTYPES.iter().enumerate() {
+    for (i, &dtype) in DType::ALL.iter().enumerate() {
         // Rows not a multiple of any tile; K a few blocks, and odd for float types.
         let k = match dtype.block_size() {
             1 => 45,
@@ -137,7 +107,7 @@ fn matmul_every_dtype_and_batch_size() {
 #[test]
 fn matmul_with_bias_and_large_rows() {
     let Some(g) = gpu() else { return };
-    let mut rng = Rng(5);
+    let mut rng = TestRng::new(5);
     let w = random_weight(DType::Q8_0, 131, 160, 3).unwrap();
     let b = Weight::from_f32(1, 131, &rng.vec(131));
     check_matmul(g, &w, Some(&b), &[1, 5, 100], 6);
@@ -172,7 +142,7 @@ fn check_embed(g: &GpuBackend, table: &Weight, ids: &[u32], what: &str) {
 #[test]
 fn embed_every_dtype() {
     let Some(g) = gpu() else { return };
-    for (i, &dtype) in ALL_DTYPES.iter().enumerate() {
+    for (i, &dtype) in DType::ALL.iter().enumerate() {
         let k = if dtype.block_size() == 1 { 27 } else { 256 };
         let table = random_weight(dtype, 50, k, 200 + i as u64).unwrap();
         check_embed(g, &table, &[0, 49, 7, 7, 21], &format!("{dtype:?}"));
@@ -182,7 +152,7 @@ fn embed_every_dtype() {
 #[test]
 fn rms_norm_matches() {
     let Some(g) = gpu() else { return };
-    let mut rng = Rng(9);
+    let mut rng = TestRng::new(9);
     for (rows, cols) in [(1, 896), (5, 33), (3, 1), (70, 130)] {
         let (cx, gx) = pair(g, rows, cols, rng.vec(rows * cols));
         let w = Weight::from_f32(1, cols, &rng.vec(cols));
@@ -195,7 +165,7 @@ fn rms_norm_matches() {
 #[test]
 fn rope_matches_at_explicit_positions() {
     let Some(g) = gpu() else { return };
-    let mut rng = Rng(11);
+    let mut rng = TestRng::new(11);
     for (rows, heads, hd, theta) in [(1, 14, 64, 1e6), (5, 2, 64, 1e4), (7, 3, 6, 1e4), (70, 4, 128, 1e6)] {
         let positions: Vec<u32> = (0..rows).map(|_| rng.below(5000)).collect();
         let (mut cx, mut gx) = pair(g, rows, heads * hd, rng.vec(rows * heads * hd));
@@ -208,7 +178,7 @@ fn rope_matches_at_explicit_positions() {
 #[test]
 fn swiglu_add_and_select_rows_match() {
     let Some(g) = gpu() else { return };
-    let mut rng = Rng(13);
+    let mut rng = TestRng::new(13);
     let (rows, cols) = (5, 300);
     let (ca, ga) = pair(g, rows, cols, rng.vec(rows * cols).iter().map(|x| 8.0 * x).collect());
     let (cb, gb) = pair(g, rows, cols, rng.vec(rows * cols));
@@ -230,7 +200,7 @@ fn swiglu_add_and_select_rows_match() {
 #[test]
 fn argmax_matches_with_ties() {
     let Some(g) = gpu() else { return };
-    let mut rng = Rng(17);
+    let mut rng = TestRng::new(17);
     let (rows, cols) = (6, 151_936);
     let mut data = rng.vec(rows * cols);
     // Row 1: a tie between two maxima far apart; row 2: all equal; row 3: max in the last column.
@@ -251,7 +221,7 @@ struct AttnCase {
     shape: AttnShape,
     cpu_cache: saguaro::backend::cpu::Cache,
     gpu_cache: saguaro::backend::gpu::Cache,
-    rng: Rng,
+    rng: TestRng,
 }
 
 impl AttnCase {
@@ -261,7 +231,7 @@ impl AttnCase {
             shape,
             cpu_cache: cpu().new_cache(2, capacity, kv).unwrap(),
             gpu_cache: g.new_cache(2, capacity, kv).unwrap(),
-            rng: Rng(seed),
+            rng: TestRng::new(seed),
         }
     }
 

@@ -8,6 +8,7 @@ use web_time::Instant;
 use super::{AttnShape, Backend, Batch};
 use crate::error::Result;
 use crate::model::quant::DType;
+use crate::sampling::Rng;
 use crate::model::weights::{Bytes, Weight as HostWeight};
 
 
@@ -69,13 +70,13 @@ impl fmt::Display for KernelBench {
 /// A weight of random values in `dtype`: random quants with small positive scales, so that
 /// products stay in the range of real activations.
 pub fn random_weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Result<HostWeight> {
-    let mut rng = SplitMix(seed);
+    let mut rng = Values(Rng::new(seed));
     let n = dtype.bytes_for(rows * cols)?;
     let mut bytes: Vec<u8> = match dtype {
         DType::F32 => (0..rows * cols).flat_map(|_| rng.uniform(-1.0, 1.0).to_le_bytes()).collect(),
         DType::F16 => (0..rows * cols).flat_map(|_| half::f16::from_f32(rng.uniform(-1.0, 1.0)).to_le_bytes()).collect(),
         DType::BF16 => (0..rows * cols).flat_map(|_| half::bf16::from_f32(rng.uniform(-1.0, 1.0)).to_le_bytes()).collect(),
-        _ => (0..n).map(|_| rng.next() as u8).collect(),
+        _ => (0..n).map(|_| rng.0.next_u64() as u8).collect(),
     };
     // Byte offsets of each block's f16 scale and min fields, which random bits would make inf/NaN.
     let (scales, mins): (&[usize], &[usize]) = match dtype {
@@ -98,18 +99,12 @@ pub fn random_weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Resul
     HostWeight::new(dtype, rows, cols, Bytes::from_vec(bytes))
 }
 
-struct SplitMix(u64);
+/// Random values for synthetic weights and activations.
+struct Values(Rng);
 
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+impl Values {
     fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * (self.next() >> 40) as f32 / (1u64 << 24) as f32
+        lo + (hi - lo) * self.0.uniform()
     }
     fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.uniform(-1.0, 1.0)).collect()
@@ -119,7 +114,7 @@ impl SplitMix {
 /// Time every kernel at the shapes `opts` gives.
 pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec<KernelBench>> {
     let o = opts;
-    let mut rng = SplitMix(7);
+    let mut rng = Values(Rng::new(7));
     let mut out = Vec::new();
     let reps = o.reps.max(1);
 

@@ -26,6 +26,20 @@ pub const QK: usize = 32;
 pub const QK_K: usize = 256;
 
 impl DType {
+    pub const ALL: [DType; 11] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+    ];
+
     /// The ggml type id stored in GGUF tensor infos.
     pub fn from_ggml(id: u32) -> Result<Self> {
         Ok(match id {
@@ -107,21 +121,9 @@ impl std::str::FromStr for DType {
 
     /// A name as [`DType::name`] gives it, in any case.
     fn from_str(s: &str) -> Result<Self> {
-        const ALL: [DType; 11] = [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q8_0,
-            DType::Q4K,
-            DType::Q5K,
-            DType::Q6K,
-        ];
-        let names = || ALL.map(DType::name).join(", ");
-        ALL.into_iter()
+        let names = || DType::ALL.map(DType::name).join(", ");
+        DType::ALL
+            .into_iter()
             .find(|d| d.name().eq_ignore_ascii_case(s))
             .ok_or_else(|| Error::InvalidArgument(format!("unknown weight type '{s}' (one of {})", names())))
     }

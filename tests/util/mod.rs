@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod gguf_writer;
+pub mod rand;
 
 use std::path::PathBuf;
 
