@@ -1,21 +1,37 @@
-//! Row-parallel work: a rayon pool natively, the calling thread in the browser.
+//! Row-parallel work: rayon natively, the calling thread in the browser.
+//!
+//! A forward makes hundreds of short parallel calls (one per matmul), so handing each to a pool
+//! from outside would put the caller to sleep and wake a worker every time, which costs as much
+//! as a small model's matmul. Instead the calling thread joins a pool of its own (kept per thread,
+//! built on first use) and works the first share itself while the other workers steal the rest.
 
 #[cfg(feature = "native")]
-pub struct Pool(rayon::ThreadPool);
+pub struct Pool {
+    threads: usize,
+    /// For calls from a thread that already belongs to a pool of another size.
+    outside: std::sync::OnceLock<rayon::ThreadPool>,
+}
 
 #[cfg(not(feature = "native"))]
 pub struct Pool;
 
+#[cfg(feature = "native")]
+thread_local! {
+    /// This thread's own pool, the thread being one of its workers. rayon never frees a pool that
+    /// borrows a thread, so there is one per thread, shared by every backend used on it.
+    static OWN: std::cell::OnceCell<Option<rayon::ThreadPool>> = const { std::cell::OnceCell::new() };
+}
+
 impl Pool {
-    /// A pool of `threads` workers (0 = one per available core).
+    /// A pool of `threads` workers counting the caller (0 = one per available core).
     pub fn new(threads: usize) -> crate::Result<Pool> {
         #[cfg(feature = "native")]
         {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .map(Pool)
-                .map_err(|e| crate::Error::Worker(format!("cannot start CPU threads: {e}")))
+            let threads = match threads {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                n => n,
+            };
+            Ok(Pool { threads, outside: std::sync::OnceLock::new() })
         }
         #[cfg(not(feature = "native"))]
         {
@@ -26,7 +42,7 @@ impl Pool {
 
     pub fn threads(&self) -> usize {
         #[cfg(feature = "native")]
-        return self.0.current_num_threads();
+        return self.threads;
         #[cfg(not(feature = "native"))]
         1
     }
@@ -36,10 +52,28 @@ impl Pool {
         #[cfg(feature = "native")]
         {
             use rayon::prelude::*;
-            if n_chunks <= 1 || self.0.current_num_threads() == 1 {
-                (0..n_chunks).for_each(f);
-            } else {
-                self.0.install(|| (0..n_chunks).into_par_iter().for_each(f));
+            if n_chunks <= 1 || self.threads == 1 {
+                return (0..n_chunks).for_each(f);
+            }
+            let run = |pool: &rayon::ThreadPool| pool.install(|| (0..n_chunks).into_par_iter().for_each(&f));
+            let own = OWN.with(|own| {
+                let pool = own.get_or_init(|| {
+                    rayon::ThreadPoolBuilder::new().num_threads(self.threads).use_current_thread().build().ok()
+                });
+                match pool {
+                    Some(pool) if pool.current_num_threads() == self.threads => {
+                        run(pool);
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if !own {
+                // A thread whose own pool has another size, or that could not build one (it belongs
+                // to a pool already): hand the work to a separate pool.
+                run(self.outside.get_or_init(|| {
+                    rayon::ThreadPoolBuilder::new().num_threads(self.threads).build().expect("starting CPU threads")
+                }));
             }
         }
         #[cfg(not(feature = "native"))]
