@@ -247,6 +247,16 @@ fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn dtype_names_parse_back_and_unknown_ones_are_errors() {
+        for d in DType::ALL {
+            assert_eq!(d.name().parse::<DType>().unwrap(), d);
+            assert_eq!(d.name().to_uppercase().parse::<DType>().unwrap(), d);
+        }
+        let err = "q3_k".parse::<DType>().unwrap_err().to_string();
+        assert!(err.contains("unknown weight type 'q3_k'") && err.contains("q4_k"), "{err}");
+    }
+
     fn h(x: f32) -> [u8; 2] {
         f16::from_f32(x).to_le_bytes()
     }

@@ -2,9 +2,8 @@
 //!
 //! Quantized weights are dotted with activations quantized once per call to 8-bit blocks (Q8_0-like
 //! for the 32-value formats, Q8_K-like for the K-quants) in integer arithmetic; float weights with
-//! f32 activations. Threads split the weight rows; each kernel call applies a weight row to up to
-//! [`MAX_ROWS`] activation rows, so a small batch costs little more than one row: decoding is
-//! memory-bound and a block, once loaded, serves every row.
+//! f32 activations. Threads split the weight rows; a kernel applies each weight row, decoded once,
+//! to up to [`MAX_ROWS`] activation rows, so a small batch reads the weights once.
 
 use std::sync::OnceLock;
 
@@ -138,7 +137,7 @@ pub fn matmul_with(pool: &Pool, path: KernelPath, precision: Precision, x: &[f32
     }
 }
 
-/// The `m` rows of `x` quantized into `per_row` blocks each (both parts), rows spread over the pool.
+/// The `m` rows of `x` quantized into `per_row` blocks each (every part), rows spread over the pool.
 fn quantize<B: Default + Copy + Send>(
     pool: &Pool,
     x: &[f32],

@@ -8,8 +8,9 @@
 #[cfg(feature = "native")]
 pub struct Pool {
     threads: usize,
-    /// For calls from a thread that already belongs to a pool of another size.
-    outside: std::sync::OnceLock<rayon::ThreadPool>,
+    /// For calls from a thread that already belongs to a pool of another size (`None` if its
+    /// threads could not be started: the work then runs on the caller alone).
+    outside: std::sync::OnceLock<Option<rayon::ThreadPool>>,
 }
 
 #[cfg(not(feature = "native"))]
@@ -71,9 +72,10 @@ impl Pool {
             if !own {
                 // A thread whose own pool has another size, or that could not build one (it belongs
                 // to a pool already): hand the work to a separate pool.
-                run(self.outside.get_or_init(|| {
-                    rayon::ThreadPoolBuilder::new().num_threads(self.threads).build().expect("starting CPU threads")
-                }));
+                match self.outside.get_or_init(|| rayon::ThreadPoolBuilder::new().num_threads(self.threads).build().ok()) {
+                    Some(pool) => run(pool),
+                    None => (0..n_chunks).for_each(f),
+                }
             }
         }
         #[cfg(not(feature = "native"))]

@@ -8,7 +8,7 @@ use futures::executor::block_on;
 use serde_json::json;
 
 use saguaro::backend::cpu::CpuBackend;
-use saguaro::backend::gpu::{list_adapters, GpuBackend, GpuOptions};
+use saguaro::backend::gpu::list_adapters;
 use saguaro::backend::{bench_kernels, BenchOptions, KernelBench};
 use saguaro::model::load::open;
 use saguaro::model::quant::DType;
@@ -82,7 +82,7 @@ pub fn bench(args: &BenchKernelsArgs) -> Result<()> {
             (saguaro::backend::Backend::name(&cpu), block_on(bench_kernels(&cpu, &opts))?)
         }
         BackendKind::Gpu => {
-            let gpu = block_on(GpuBackend::new(GpuOptions { adapter: args.device.adapter.clone(), ..Default::default() }))?;
+            let gpu = args.device.open_gpu()?;
             (saguaro::backend::Backend::name(&gpu), block_on(bench_kernels(&gpu, &opts))?)
         }
     };

@@ -41,13 +41,19 @@ impl From<PrecisionArg> for Precision {
     }
 }
 
-/// Where a backend runs: the kind, the CPU threads and the GPU adapter.
+/// Which GPU a `--backend gpu` opens.
 #[derive(Args, Clone)]
 pub struct DeviceArgs {
     /// GPU adapter for `--backend gpu`: the first whose name contains this (case-insensitive);
     /// default: the one wgpu prefers for performance. `saguaro devices` lists them.
     #[arg(long)]
     pub adapter: Option<String>,
+}
+
+impl DeviceArgs {
+    pub fn open_gpu(&self) -> Result<GpuBackend> {
+        block_on(GpuBackend::new(GpuOptions { adapter: self.adapter.clone(), ..Default::default() }))
+    }
 }
 
 impl BackendKind {
@@ -59,8 +65,7 @@ impl BackendKind {
                 Box::new(Runner::new(Transformer::new(cpu, w)?, capacity)?)
             }
             BackendKind::Gpu => {
-                let gpu = block_on(GpuBackend::new(GpuOptions { adapter: dev.adapter.clone(), ..Default::default() }))?;
-                Box::new(Runner::new(Transformer::new(gpu, w)?, capacity)?)
+                Box::new(Runner::new(Transformer::new(dev.open_gpu()?, w)?, capacity)?)
             }
         })
     }
