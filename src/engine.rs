@@ -11,7 +11,7 @@ use crate::decode::{generate_ar, generate_sd, generate_ssd, DraftWorker, FinishR
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::load::ModelFile;
-use crate::model::runner::{Lm, Runner};
+use crate::model::runner::{BoxedLm, Runner};
 use crate::model::tokenizer::{apply_chat_template, ChatMessage, StreamDecoder, Tokenizer};
 use crate::model::transformer::Transformer;
 use crate::model::weights::ModelWeights;
@@ -34,7 +34,7 @@ impl Device {
     }
 
     /// A model instance for `w` on this device with a KV cache of `capacity` tokens.
-    pub async fn runner(&self, w: &ModelWeights, capacity: usize) -> Result<Box<dyn Lm + Send>> {
+    pub async fn runner(&self, w: &ModelWeights, capacity: usize) -> Result<BoxedLm> {
         match self {
             Device::Cpu { threads, precision } => {
                 let cpu = CpuBackend::new(*threads)?.with_precision(*precision);
@@ -125,10 +125,10 @@ pub struct Completion {
 pub struct Engine {
     tokenizer: Tokenizer,
     chat_template: Option<String>,
-    target: Box<dyn Lm + Send>,
+    target: BoxedLm,
     /// Whether a separate draft model was given (otherwise the target drafts for itself).
     separate_draft: bool,
-    sd_draft: Option<Box<dyn Lm + Send>>,
+    sd_draft: Option<BoxedLm>,
     ssd_draft: Option<DraftWorker>,
     spec: SpecConfig,
 }
@@ -165,7 +165,7 @@ impl Engine {
         target: ModelFile,
         draft: Option<ModelFile>,
         opts: &EngineOptions,
-        wrap: impl FnOnce(Box<dyn Lm + Send>) -> Box<dyn Lm + Send>,
+        wrap: impl FnOnce(BoxedLm) -> BoxedLm,
     ) -> Result<Engine> {
         opts.spec.validate()?;
         if let Some(d) = &draft {
@@ -240,12 +240,17 @@ impl Engine {
         self.separate_draft
     }
 
-    /// The mode a generation runs in when none is asked for.
+    /// The mode a generation runs in when none is asked for: SSD when its draft computes beside
+    /// the target; with the draft inline, SSD's speculation would only add to every round, so SD.
     pub fn default_mode(&self) -> Mode {
-        if self.separate_draft {
-            Mode::Ssd
-        } else {
-            Mode::Ar
+        if !self.separate_draft {
+            return Mode::Ar;
+        }
+        match (&self.ssd_draft, &self.sd_draft) {
+            (Some(ssd), _) if ssd.is_concurrent() => Mode::Ssd,
+            (_, Some(_)) => Mode::Sd,
+            (Some(_), None) => Mode::Ssd,
+            (None, None) => Mode::Ar,
         }
     }
 

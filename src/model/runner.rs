@@ -28,6 +28,13 @@ pub trait Lm {
     fn advance(&mut self, n: usize) -> Result<()>;
 }
 
+/// A model instance as the engine owns it: `Send` natively, where SSD's draft moves to a thread of
+/// its own; in wasm, where WebGPU objects never leave their thread, without that bound.
+#[cfg(not(target_arch = "wasm32"))]
+pub type BoxedLm = Box<dyn Lm + Send>;
+#[cfg(target_arch = "wasm32")]
+pub type BoxedLm = Box<dyn Lm>;
+
 /// What to read back from an append.
 pub enum Want {
     /// Logits of the last row.

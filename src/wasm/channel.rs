@@ -16,10 +16,10 @@ use web_sys::{MessageChannel, MessageEvent, MessagePort};
 use web_time::{Duration, Instant};
 
 use crate::backend::Batch;
-use crate::decode::{Job, Reply};
+use crate::decode::ssd::{Job, Reply};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::runner::Lm;
+use crate::model::runner::{BoxedLm, Lm};
 use crate::runtime::{Channel, RelSpan};
 
 /// A reply as it crosses `postMessage`: `{ok: reply}` or `{error: {code, message}}`.
@@ -106,12 +106,12 @@ const YIELD_EVERY: Duration = Duration::from_millis(10);
 /// messages such as an abort, or the draft's replies, are delivered between rounds even when
 /// every forward computes synchronously on the CPU.
 pub struct Yielding {
-    inner: Box<dyn Lm + Send>,
+    inner: BoxedLm,
     last: Instant,
 }
 
 impl Yielding {
-    pub fn new(inner: Box<dyn Lm + Send>) -> Self {
+    pub fn new(inner: BoxedLm) -> Self {
         Yielding { inner, last: Instant::now() }
     }
 

@@ -21,11 +21,12 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 use web_sys::MessagePort;
 
-use crate::decode::{DraftHost, DraftWorker, Job};
+use crate::decode::ssd::Job;
+use crate::decode::{DraftHost, DraftWorker};
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::model::load::{from_gguf, ModelFile};
-use crate::model::runner::Lm;
+use crate::model::runner::BoxedLm;
 
 use options::{GenerateOpts, LoadOpts};
 
@@ -125,7 +126,7 @@ impl WasmEngine {
             let target = target.parse()?;
             let draft = draft.map(ModelBuffer::parse).transpose()?;
             let engine = Engine::with_target_wrapper(target, draft, &engine_opts, |lm| {
-                Box::new(channel::Yielding::new(lm)) as Box<dyn Lm + Send>
+                Box::new(channel::Yielding::new(lm)) as BoxedLm
             })
             .await
             .map_err(|e| js_error(&e))?;
@@ -221,7 +222,8 @@ impl WasmDraft {
     pub fn handle(&self, job: JsValue) -> Promise {
         let host = self.host.clone();
         future_to_promise(async move {
-            let job: Job = options::parse(job)?;
+            let job: Job = serde_wasm_bindgen::from_value(job)
+                .map_err(|e| js_error_with("internal", &format!("unreadable draft job: {e}")))?;
             let mut host = host.try_borrow_mut().map_err(|_| busy())?;
             let reply = host.handle(job).await;
             to_js(&channel::WireReply::from(reply))

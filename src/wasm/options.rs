@@ -26,7 +26,7 @@ pub fn parse<T: DeserializeOwned + Default>(v: JsValue) -> Result<T, JsValue> {
 }
 
 #[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct LoadOpts {
     backend: Option<String>,
     draft_backend: Option<String>,
@@ -86,7 +86,7 @@ impl LoadOpts {
 }
 
 #[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct GenerateOpts {
     mode: Option<String>,
     max_tokens: Option<usize>,

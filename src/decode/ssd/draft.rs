@@ -24,7 +24,7 @@ use crate::decode::speculative::{self, draft_rng, Backup, Drafting, Outcome, Pro
 use crate::decode::Request;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::runner::{append, Lm, Want};
+use crate::model::runner::{append, BoxedLm, Lm, Want};
 use crate::runtime::{Channel, RelSpan, Service, Span, Worker};
 use crate::sampling::{Rng, SamplingParams};
 
@@ -81,7 +81,7 @@ pub struct DraftWorker {
 impl DraftWorker {
     /// The draft on its own thread, so it computes while the target verifies. On wasm32 without
     /// threads it runs inline instead (see [`DraftWorker::inline`]).
-    pub fn new(lm: Box<dyn Lm + Send>) -> Result<Self> {
+    pub fn new(lm: BoxedLm) -> Result<Self> {
         let config = lm.config().clone();
         let abandon = Arc::new(AtomicBool::new(false));
         let drafter = Drafter { lm, abandon: abandon.clone(), session: None };

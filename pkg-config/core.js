@@ -1,0 +1,163 @@
+// The part of the package that runs where the engine lives: in the engine and draft Web Workers
+// in a browser, or inline in Node. It fills model buffers as bytes arrive, converts options and
+// results, and turns wasm errors into SaguaroErrors.
+import init, { initSync, ModelBuffer, WasmDraft, WasmEngine } from './saguaro.js';
+
+const isNode = typeof process !== 'undefined' && !!process.versions?.node;
+let ready = null;
+
+/** Instantiate the .wasm that sits beside this file (once per worker or process). */
+export function initWasm() {
+  ready ??= (async () => {
+    const url = new URL('./saguaro_bg.wasm', import.meta.url);
+    if (isNode) {
+      const { readFile } = await import('node:fs/promises');
+      initSync({ module: await readFile(url) });
+    } else {
+      await init({ module_or_path: url });
+    }
+  })();
+  return ready;
+}
+
+export class SaguaroError extends Error {
+  constructor(code, message) {
+    super(message);
+    this.name = 'SaguaroError';
+    this.code = code;
+  }
+}
+
+/** A plain {code, message} for postMessage, from anything thrown. */
+export function errorInfo(e) {
+  if (e && typeof e === 'object' && typeof e.code === 'string') return { code: e.code, message: e.message };
+  if (e && e.name === 'AbortError') return { code: 'aborted', message: 'generation aborted' };
+  return { code: 'internal', message: String(e?.message ?? e) };
+}
+
+const CHUNK = 1 << 22;
+
+/** Bytes of a model source, as a stream of Uint8Arrays with a known total when there is one. */
+async function open(source, { cache, role }) {
+  if (source instanceof Uint8Array || source instanceof ArrayBuffer || ArrayBuffer.isView(source)) {
+    const bytes = source instanceof ArrayBuffer ? new Uint8Array(source) : new Uint8Array(source.buffer, source.byteOffset, source.byteLength);
+    return {
+      total: bytes.byteLength,
+      fromCache: false,
+      async *chunks() {
+        for (let i = 0; i < bytes.byteLength; i += CHUNK) yield bytes.subarray(i, Math.min(i + CHUNK, bytes.byteLength));
+      },
+    };
+  }
+  if (typeof Blob !== 'undefined' && source instanceof Blob) {
+    return { total: source.size, fromCache: false, chunks: () => source.stream() };
+  }
+  if (typeof source !== 'string' && !(source instanceof URL)) {
+    throw new SaguaroError('invalid_argument', `${role}: expected a URL, a Blob/File, an ArrayBuffer or a Uint8Array`);
+  }
+  const url = new URL(source, globalThis.location?.href).href;
+  const store = cache !== false && typeof caches !== 'undefined' ? await caches.open('saguaro-models-v1') : null;
+  let response = store ? await store.match(url) : undefined;
+  const fromCache = !!response;
+  let saving = null;
+  if (!response) {
+    try {
+      response = await fetch(url);
+    } catch (e) {
+      throw new SaguaroError('bad_model', `${role}: cannot fetch ${url}: ${e.message}`);
+    }
+    if (!response.ok) throw new SaguaroError('bad_model', `${role}: ${url} answered HTTP ${response.status}`);
+    // Saved while it is read (a clone tees the stream), so the file is never buffered whole.
+    if (store) saving = store.put(url, response.clone()).catch((e) => console.warn(`saguaro: not cached (${e.message})`));
+  }
+  const length = Number(response.headers.get('content-length'));
+  return { total: length > 0 ? length : null, fromCache, saving, chunks: () => response.body };
+}
+
+async function* iterate(chunks) {
+  if (chunks[Symbol.asyncIterator]) {
+    yield* chunks;
+    return;
+  }
+  const reader = chunks.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return;
+    yield value;
+  }
+}
+
+/** Read a model source into wasm memory piece by piece, reporting progress. */
+export async function readModel(source, { role, onProgress, cache }) {
+  const src = await open(source, { cache, role });
+  const progress = (loaded) => onProgress?.({ phase: 'download', role, loaded, total: src.total, fromCache: src.fromCache });
+  let buffer;
+  let loaded = 0;
+  if (src.total) {
+    buffer = new ModelBuffer(src.total);
+    for await (const chunk of iterate(src.chunks())) {
+      buffer.push(chunk);
+      loaded += chunk.byteLength;
+      progress(loaded);
+    }
+  } else {
+    // No announced length: gather the pieces first (only servers that omit Content-Length).
+    const parts = [];
+    for await (const chunk of iterate(src.chunks())) {
+      parts.push(chunk);
+      loaded += chunk.byteLength;
+      progress(loaded);
+    }
+    buffer = new ModelBuffer(loaded);
+    for (const p of parts) buffer.push(p);
+  }
+  await src.saving;
+  return buffer;
+}
+
+function camelKey(k) {
+  return k.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+}
+
+/** snake_case keys (the Rust side's, as in the CLI's JSON) to the JS API's camelCase. */
+export function camel(v) {
+  if (Array.isArray(v)) return v.map(camel);
+  if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [camelKey(k), camel(x)]));
+  return v;
+}
+
+/** Load options as the wasm side takes them. */
+export function engineOptions(opts, modes) {
+  const out = { backend: opts.backend, draftBackend: opts.draftBackend, modes };
+  for (const k of ['context', 'specK', 'fanout', 'backup']) if (opts[k] !== undefined) out[k] = opts[k];
+  return out;
+}
+
+export async function loadEngine(target, draft, opts, modes, onProgress) {
+  await initWasm();
+  const t = await readModel(target, { role: 'target', onProgress, cache: opts.cache });
+  const d = draft ? await readModel(draft, { role: 'draft', onProgress, cache: opts.cache }) : undefined;
+  onProgress?.({ phase: 'upload', role: 'target', loaded: 0, total: 1 });
+  const engine = await WasmEngine.load(t, d, engineOptions(opts, modes));
+  onProgress?.({ phase: 'upload', role: 'target', loaded: 1, total: 1 });
+  return engine;
+}
+
+export async function loadDraft(source, opts, onProgress) {
+  await initWasm();
+  const buf = await readModel(source, { role: 'draft', onProgress, cache: opts.cache });
+  return WasmDraft.load(buf, engineOptions(opts, []));
+}
+
+const GENERATE_KEYS = ['mode', 'maxTokens', 'temperature', 'topK', 'topP', 'seed', 'specK', 'fanout', 'chat'];
+
+/** Run one generation; `onText(piece)` streams text, `aborted()` is polled once per round. */
+export async function generate(engine, prompt, opts, onText, aborted) {
+  const o = {};
+  for (const k of GENERATE_KEYS) if (opts[k] !== undefined) o[k] = opts[k];
+  const result = await engine.generate(prompt, o, (piece, tokens) => {
+    if (piece || tokens) onText?.(piece, tokens);
+    return !aborted();
+  });
+  return camel(result);
+}

@@ -1,0 +1,67 @@
+// The engine's Web Worker: the target (on WebGPU or the CPU) and, for SD or a GPU draft, the
+// draft too. The page's main thread only talks to it (index.js). SSD's CPU draft lives in a
+// second worker (draft-worker.js), reached through a MessagePort the page hands over.
+import { errorInfo, generate, loadEngine } from './core.js';
+
+let engine = null;
+const aborted = new Set();
+
+function post(msg) {
+  self.postMessage(msg);
+}
+
+/** The draft worker's first message on the port: its model info, or why it failed. */
+function draftReady(port) {
+  return new Promise((resolve, reject) => {
+    port.onmessage = (e) => {
+      port.onmessage = null;
+      if (e.data?.type === 'ready') resolve(e.data.info);
+      else reject(e.data?.error ?? { code: 'internal', message: 'the draft worker did not start' });
+    };
+  });
+}
+
+async function handle(msg) {
+  switch (msg.type) {
+    case 'load': {
+      const onProgress = (p) => post({ type: 'progress', id: msg.id, progress: p });
+      const ready = msg.draftPort ? draftReady(msg.draftPort) : null;
+      engine = await loadEngine(msg.target, msg.draft, msg.opts, msg.modes, onProgress);
+      if (ready) engine.attachDraft(msg.draftPort, await ready);
+      return engine.info();
+    }
+    case 'generate': {
+      if (!engine) throw { code: 'invalid_argument', message: 'no engine loaded' };
+      try {
+        return await generate(
+          engine,
+          msg.prompt,
+          msg.opts,
+          (piece, tokens) => post({ type: 'text', id: msg.id, piece, tokens }),
+          () => aborted.has(msg.id),
+        );
+      } finally {
+        aborted.delete(msg.id);
+      }
+    }
+    case 'dispose':
+      engine?.free();
+      engine = null;
+      return null;
+    default:
+      throw { code: 'internal', message: `unknown request ${msg.type}` };
+  }
+}
+
+self.onmessage = async (e) => {
+  const msg = e.data;
+  if (msg.type === 'abort') {
+    aborted.add(msg.target);
+    return;
+  }
+  try {
+    post({ type: 'result', id: msg.id, value: await handle(msg) });
+  } catch (err) {
+    post({ type: 'error', id: msg.id, error: errorInfo(err) });
+  }
+};

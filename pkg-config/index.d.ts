@@ -1,0 +1,189 @@
+/** Where a model comes from: a URL, a Blob/File, or the file's bytes. A GGUF file. */
+export type ModelSource = string | URL | Blob | ArrayBuffer | Uint8Array;
+
+export type Backend = 'gpu' | 'cpu';
+export type Mode = 'ar' | 'sd' | 'ssd';
+
+export type ErrorCode =
+  | 'bad_model'
+  | 'vocab_mismatch'
+  | 'no_webgpu'
+  | 'device_lost'
+  | 'out_of_memory'
+  | 'invalid_argument'
+  | 'aborted'
+  | 'gpu_error'
+  | 'internal';
+
+/** Every failure is one of these, with a message that says what went wrong. */
+export declare class SaguaroError extends Error {
+  readonly code: ErrorCode;
+  /** For `aborted`: what had been generated when the generation stopped, if anything. */
+  partial?: GenerateResult | null;
+}
+
+export interface Progress {
+  /** `download` (bytes of a model file, possibly from the Cache API), then `upload` (placing the target). */
+  phase: 'download' | 'upload';
+  role: 'target' | 'draft';
+  loaded: number;
+  /** Null when the server did not say how large the file is. */
+  total: number | null;
+  fromCache?: boolean;
+}
+
+export interface LoadOptions {
+  /** Where the target runs. Default: 'gpu' when WebGPU has an adapter, else 'cpu' (with a warning). Node: 'cpu'. */
+  backend?: Backend;
+  /** Where the draft runs. Default 'cpu': SSD's draft in its own Web Worker, overlapping the target. */
+  draftBackend?: Backend;
+  onProgress?: (p: Progress) => void;
+  /** Keep downloaded models in the browser's Cache API (default true). */
+  cache?: boolean;
+  /** KV-cache size in tokens (prompt + output); default 2048, capped by the model. */
+  context?: number;
+  /** Draft tokens per round for SD/SSD (default 4). */
+  specK?: number;
+  /** SSD fan-out: 'uniform:F', 'geometric' or 'top-p:P' (default 'uniform:2'). */
+  fanout?: string;
+  /** SSD on a cache miss: 'jit' (draft now, default) or 'fast' (verify the bonus token alone). */
+  backup?: 'jit' | 'fast';
+  /** Modes to prepare. Default: all three with a draft, ['ar'] without. */
+  modes?: Mode[];
+}
+
+export interface GenerateOptions {
+  /** Default 'ssd' with a draft, else 'ar'. */
+  mode?: Mode;
+  /** Upper bound on generated tokens (default 256). */
+  maxTokens?: number;
+  /** 0 (the default) is greedy decoding. */
+  temperature?: number;
+  /** Keep the K most likely tokens (0 = off). */
+  topK?: number;
+  /** Nucleus sampling, in (0, 1] (1 = off). */
+  topP?: number;
+  /** The same seed gives the same output. */
+  seed?: number;
+  specK?: number;
+  fanout?: string;
+  /** Wrap a string prompt as a user message in the model's chat template. */
+  chat?: boolean;
+  /** Stops the generation within one round; the promise rejects with code 'aborted'. */
+  signal?: AbortSignal;
+  /** Called once per round with the new text (never half a character; may be empty when a
+   * character is still incomplete) and the number of tokens the round added. */
+  onToken?: (piece: string, tokens: number) => void;
+}
+
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant';
+  content: string;
+}
+
+export type Prompt = string | { messages: ChatMessage[] };
+
+export interface Stats {
+  mode: Mode;
+  promptTokens: number;
+  generated: number;
+  tokensPerS: number;
+  prefillMs: number;
+  decodeMs: number;
+  /** Target forwards after the prefill. */
+  rounds: number;
+  acceptanceRate?: number;
+  meanAccepted?: number;
+  cacheHitRate?: number;
+  targetBusyMs: number;
+  draftBusyMs?: number;
+  /** Time the draft's speculation ran at the same time as the target's verification. */
+  overlapMs?: number;
+  verifyMsMean?: number;
+  treeStepMsMean?: number;
+  glueMsMean?: number;
+  /** SD/SSD: one entry per round, times in ms from the start of decoding. */
+  timeline?: RoundTimes[];
+}
+
+export interface RoundTimes {
+  /** The target's verification. */
+  verify: [number, number];
+  /** The draft's work for the next round (SSD: glue pass + tree, overlapping `verify`). */
+  draft: [number, number] | null;
+  accepted: number;
+  proposed: number;
+  /** SSD: whether this round's proposal came from the speculation cache. */
+  hit: boolean | null;
+}
+
+export interface GenerateResult {
+  text: string;
+  /** Generated ids, including the end-of-sequence token that ended generation. */
+  tokens: number[];
+  promptTokens: number;
+  finish: 'eos' | 'max_tokens' | 'cancelled' | 'context_full';
+  stats: Stats;
+}
+
+export interface EngineInfo {
+  targetBackend: string;
+  backend: Backend;
+  draftBackend: Backend | null;
+  /** Whether SSD's draft runs in its own Web Worker. */
+  draftWorker: boolean;
+  hasDraft: boolean;
+  defaultMode: Mode;
+  vocabSize: number;
+  contextLength: number;
+  stopTexts: string[];
+}
+
+export interface ChatCompletionRequest {
+  messages: ChatMessage[];
+  max_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  seed?: number;
+  stream?: boolean;
+  mode?: Mode;
+  signal?: AbortSignal;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  created: number;
+  model: string;
+  choices: { index: number; message: { role: 'assistant'; content: string }; finish_reason: 'stop' | 'length' }[];
+  usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+  stats: Stats;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  choices: { index: number; delta: { role?: 'assistant'; content?: string }; finish_reason: 'stop' | 'length' | null }[];
+  usage?: ChatCompletion['usage'];
+}
+
+export interface TextStream extends AsyncIterable<string> {
+  /** The whole result once the stream ends. */
+  result: Promise<GenerateResult | undefined>;
+}
+
+export declare class Saguaro {
+  static load(models: { target: ModelSource; draft?: ModelSource }, options?: LoadOptions): Promise<Saguaro>;
+  readonly info: EngineInfo;
+  generate(prompt: Prompt, options?: GenerateOptions): Promise<GenerateResult>;
+  stream(prompt: Prompt, options?: GenerateOptions): TextStream;
+  readonly chat: {
+    completions: {
+      create(req: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
+      create(req: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+    };
+  };
+  dispose(): Promise<void>;
+}

@@ -1,0 +1,339 @@
+// saguaro-web: the public API. In a browser the engine runs in a dedicated Web Worker (the page's
+// main thread never computes) and SSD's CPU draft in a second one; in Node the same API runs
+// inline on the CPU backend.
+import { SaguaroError, errorInfo } from './core.js';
+
+export { SaguaroError };
+
+const isNode = typeof process !== 'undefined' && !!process.versions?.node && typeof window === 'undefined';
+const MODES = ['ar', 'sd', 'ssd'];
+
+function abortError(partial) {
+  const e = new SaguaroError('aborted', 'generation aborted');
+  e.partial = partial;
+  return e;
+}
+
+function fail(info) {
+  return new SaguaroError(info.code, info.message);
+}
+
+/** Where a model comes from, in a form a worker can receive: a resolved URL string or a Blob. */
+function transferable(source, role) {
+  if (source instanceof URL) return source.href;
+  if (typeof source === 'string') return new URL(source, globalThis.location?.href).href;
+  if (source instanceof ArrayBuffer || ArrayBuffer.isView(source)) return new Blob([source]);
+  if (typeof Blob !== 'undefined' && source instanceof Blob) return source;
+  throw new SaguaroError('invalid_argument', `${role}: expected a URL, a Blob/File, an ArrayBuffer or a Uint8Array`);
+}
+
+async function webgpuAdapter() {
+  try {
+    return !!(globalThis.navigator?.gpu && (await navigator.gpu.requestAdapter()));
+  } catch {
+    return false;
+  }
+}
+
+/** Requests to a worker, each answered by id; progress and text events on the way. */
+class Rpc {
+  #worker;
+  #next = 1;
+  #calls = new Map();
+
+  constructor(worker) {
+    this.#worker = worker;
+    worker.onmessage = (e) => {
+      const m = e.data;
+      const call = this.#calls.get(m.id);
+      if (!call) return;
+      if (m.type === 'progress') call.onProgress?.(m.progress);
+      else if (m.type === 'text') call.onText?.(m.piece, m.tokens);
+      else {
+        this.#calls.delete(m.id);
+        if (m.type === 'result') call.resolve(m.value);
+        else call.reject(fail(m.error));
+      }
+    };
+    worker.onerror = (e) => {
+      for (const call of this.#calls.values()) call.reject(new SaguaroError('internal', `engine worker failed: ${e.message}`));
+      this.#calls.clear();
+    };
+  }
+
+  call(msg, { onProgress, onText, transfer = [] } = {}) {
+    const id = this.#next++;
+    return {
+      id,
+      done: new Promise((resolve, reject) => {
+        this.#calls.set(id, { resolve, reject, onProgress, onText });
+        this.#worker.postMessage({ ...msg, id }, transfer);
+      }),
+    };
+  }
+
+  abort(id) {
+    this.#worker.postMessage({ type: 'abort', target: id });
+  }
+
+  terminate() {
+    this.#worker.terminate();
+  }
+}
+
+/** The browser placement: engine worker, plus a draft worker for SSD on the CPU. */
+class WorkerEngine {
+  static async load(models, opts, modes) {
+    const gpu = await webgpuAdapter();
+    let backend = opts.backend;
+    if (backend === 'gpu' && !gpu) throw new SaguaroError('no_webgpu', 'backend "gpu": this browser has no WebGPU adapter');
+    if (!backend) {
+      backend = gpu ? 'gpu' : 'cpu';
+      if (!gpu) console.warn('saguaro: no WebGPU adapter, so the target runs on the CPU');
+    }
+    let draftBackend = opts.draftBackend ?? 'cpu';
+    if (draftBackend === 'gpu' && !gpu) throw new SaguaroError('no_webgpu', 'draftBackend "gpu": this browser has no WebGPU adapter');
+    const target = transferable(models.target, 'target');
+    const draft = models.draft ? transferable(models.draft, 'draft') : null;
+    const remoteSsd = !!draft && modes.includes('ssd') && draftBackend === 'cpu';
+    const localModes = modes.filter((m) => m === 'sd' || (m === 'ssd' && !remoteSsd));
+    const cfg = { ...opts, backend, draftBackend, onProgress: undefined };
+    const worker = new Worker(new URL('./engine-worker.js', import.meta.url), { type: 'module', name: 'saguaro-engine' });
+    const rpc = new Rpc(worker);
+    let draftWorker = null;
+    let draftPort = null;
+    const draftLoaded = [];
+    if (remoteSsd) {
+      const channel = new MessageChannel();
+      draftPort = channel.port1;
+      draftWorker = new Worker(new URL('./draft-worker.js', import.meta.url), { type: 'module', name: 'saguaro-draft' });
+      draftLoaded.push(
+        new Promise((resolve, reject) => {
+          draftWorker.onmessage = (e) => {
+            const m = e.data;
+            if (m.type === 'progress') opts.onProgress?.(m.progress);
+            else if (m.type === 'ready') resolve();
+            else if (m.type === 'failed') reject(fail(m.error));
+          };
+          draftWorker.onerror = (e) => reject(new SaguaroError('internal', `draft worker failed: ${e.message}`));
+        }),
+      );
+      draftWorker.postMessage({ port: channel.port2, source: draft, opts: { ...cfg, backend: 'cpu' } }, [channel.port2]);
+    }
+    try {
+      const load = rpc.call(
+        { type: 'load', target, draft: localModes.length ? draft : null, opts: cfg, modes: localModes, draftPort },
+        { onProgress: opts.onProgress, transfer: draftPort ? [draftPort] : [] },
+      );
+      const [info] = await Promise.all([load.done, ...draftLoaded]);
+      return new WorkerEngine(rpc, draftWorker, { ...info, backend, draftBackend: draft ? draftBackend : null, draftWorker: remoteSsd });
+    } catch (e) {
+      rpc.terminate();
+      draftWorker?.terminate();
+      throw e;
+    }
+  }
+
+  constructor(rpc, draftWorker, info) {
+    this.rpc = rpc;
+    this.draftWorker = draftWorker;
+    this.info = info;
+  }
+
+  async run(prompt, opts, onText, signal) {
+    const { id, done } = this.rpc.call({ type: 'generate', prompt, opts }, { onText });
+    const onAbort = () => this.rpc.abort(id);
+    signal?.addEventListener('abort', onAbort);
+    try {
+      return await done;
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  async dispose() {
+    await this.rpc.call({ type: 'dispose' }).done.catch(() => {});
+    this.rpc.terminate();
+    this.draftWorker?.terminate();
+  }
+}
+
+/** Node: the engine inline on the CPU (SSD's draft inline too: the same tokens, no overlap). */
+class InlineEngine {
+  static async load(models, opts, modes) {
+    if (opts.backend === 'gpu' || opts.draftBackend === 'gpu') throw new SaguaroError('no_webgpu', 'Node has no WebGPU: use backend "cpu"');
+    const core = await import('./core.js');
+    const local = modes.filter((m) => m !== 'ar');
+    const engine = await core.loadEngine(models.target, models.draft, { ...opts, backend: 'cpu', draftBackend: 'cpu' }, local, opts.onProgress);
+    return new InlineEngine(core, engine, { ...engine.info(), backend: 'cpu', draftBackend: models.draft ? 'cpu' : null, draftWorker: false });
+  }
+
+  constructor(core, engine, info) {
+    this.core = core;
+    this.engine = engine;
+    this.info = info;
+  }
+
+  async run(prompt, opts, onText, signal) {
+    try {
+      return await this.core.generate(this.engine, prompt, opts, onText, () => !!signal?.aborted);
+    } catch (e) {
+      throw fail(errorInfo(e));
+    }
+  }
+
+  async dispose() {
+    this.engine?.free();
+    this.engine = null;
+  }
+}
+
+function checkOptions(opts, allowed, what) {
+  for (const k of Object.keys(opts)) {
+    if (!allowed.includes(k)) throw new SaguaroError('invalid_argument', `${what}: unknown option "${k}"`);
+  }
+}
+
+const LOAD_KEYS = ['backend', 'draftBackend', 'onProgress', 'cache', 'context', 'specK', 'fanout', 'backup', 'modes'];
+const GENERATE_KEYS = ['mode', 'maxTokens', 'temperature', 'topK', 'topP', 'seed', 'specK', 'fanout', 'chat', 'signal', 'onToken'];
+
+export class Saguaro {
+  #impl;
+  #queue = Promise.resolve();
+
+  /**
+   * Load a target model and an optional draft (same vocabulary). See index.d.ts for the options.
+   */
+  static async load(models, options = {}) {
+    if (!models || models.target === undefined) throw new SaguaroError('invalid_argument', 'load: give at least { target }');
+    checkOptions(options, LOAD_KEYS, 'load');
+    const modes = options.modes ?? (models.draft ? MODES : ['ar']);
+    for (const m of modes) if (!MODES.includes(m)) throw new SaguaroError('invalid_argument', `modes: "${m}" is not ar, sd or ssd`);
+    const impl = isNode ? await InlineEngine.load(models, options, modes) : await WorkerEngine.load(models, options, modes);
+    return new Saguaro(impl);
+  }
+
+  constructor(impl) {
+    this.#impl = impl;
+    this.chat = { completions: { create: (req) => this.#chatCompletion(req) } };
+  }
+
+  /** Where the models run and what was loaded. */
+  get info() {
+    return this.#impl.info;
+  }
+
+  /** Generate from a prompt (a string, or {messages}); resolves to {text, tokens, promptTokens, finish, stats}. */
+  generate(prompt, options = {}) {
+    checkOptions(options, GENERATE_KEYS, 'generate');
+    const { signal, onToken, ...opts } = options;
+    const run = async () => {
+      if (!this.#impl) throw new SaguaroError('invalid_argument', 'the engine was disposed');
+      if (signal?.aborted) throw abortError(null);
+      const result = await this.#impl.run(prompt, opts, onToken, signal);
+      if (signal?.aborted && result.finish === 'cancelled') throw abortError(result);
+      return result;
+    };
+    // One generation at a time per engine; later calls wait their turn.
+    const p = this.#queue.then(run, run);
+    this.#queue = p.catch(() => {});
+    return p;
+  }
+
+  /** The generated text as an async iterator of pieces (never half a character). */
+  stream(prompt, options = {}) {
+    const pieces = [];
+    let wake = null;
+    let finished = false;
+    let failure = null;
+    const done = this.generate(prompt, {
+      ...options,
+      onToken: (p, n) => {
+        options.onToken?.(p, n);
+        if (!p) return;
+        pieces.push(p);
+        wake?.();
+      },
+    }).then(
+      (r) => {
+        finished = true;
+        wake?.();
+        return r;
+      },
+      (e) => {
+        finished = true;
+        failure = e;
+        wake?.();
+      },
+    );
+    return {
+      result: done,
+      async *[Symbol.asyncIterator]() {
+        for (;;) {
+          if (pieces.length) {
+            yield pieces.shift();
+            continue;
+          }
+          if (finished) {
+            if (failure) throw failure;
+            return;
+          }
+          await new Promise((r) => (wake = r));
+          wake = null;
+        }
+      },
+    };
+  }
+
+  async #chatCompletion(req) {
+    const { messages, max_tokens, temperature, top_p, seed, stream, signal, mode } = req ?? {};
+    if (!Array.isArray(messages) || messages.length === 0) throw new SaguaroError('invalid_argument', 'messages: give at least one {role, content}');
+    const opts = { maxTokens: max_tokens ?? 256, temperature: temperature ?? 0, topP: top_p, seed, signal, mode };
+    for (const k of Object.keys(opts)) if (opts[k] === undefined) delete opts[k];
+    const id = `chatcmpl-${Math.random().toString(36).slice(2)}`;
+    const created = Math.floor(Date.now() / 1000);
+    const stops = this.info.stopTexts ?? [];
+    const strip = (text) => {
+      for (const s of stops) if (s && text.endsWith(s)) return text.slice(0, -s.length);
+      return text;
+    };
+    const reason = (finish) => (finish === 'eos' ? 'stop' : 'length');
+    const usage = (r) => ({ prompt_tokens: r.promptTokens, completion_tokens: r.tokens.length, total_tokens: r.promptTokens + r.tokens.length });
+    if (!stream) {
+      const r = await this.generate({ messages }, opts);
+      return {
+        id,
+        object: 'chat.completion',
+        created,
+        model: 'saguaro',
+        choices: [{ index: 0, message: { role: 'assistant', content: strip(r.text) }, finish_reason: reason(r.finish) }],
+        usage: usage(r),
+        stats: r.stats,
+      };
+    }
+    const s = this.stream({ messages }, opts);
+    const chunk = (delta, finish_reason = null) => ({ id, object: 'chat.completion.chunk', created, model: 'saguaro', choices: [{ index: 0, delta, finish_reason }] });
+    return (async function* () {
+      yield chunk({ role: 'assistant', content: '' });
+      // One piece is held back so the stop token's text can be cut from the last one.
+      let held = null;
+      for await (const piece of s) {
+        if (held !== null) yield chunk({ content: held });
+        held = piece;
+      }
+      const r = await s.result;
+      if (held !== null && strip(held)) yield chunk({ content: strip(held) });
+      const last = chunk({}, reason(r.finish));
+      last.usage = usage(r);
+      yield last;
+    })();
+  }
+
+  /** Stop the workers and free the models; the engine cannot be used afterwards. */
+  async dispose() {
+    const impl = this.#impl;
+    this.#impl = null;
+    await this.#queue;
+    await impl?.dispose();
+  }
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The browser package's tests: build pkg/, pack it, install the tarball into a fresh project and
+# run the Node tests there; run the library's wasm tests (simd128 kernels against the portable
+# ones) in headless Chromium; then the demo end to end in Chromium (WebGPU via SwiftShader).
+# Needs models/ (scripts/fetch-models.sh) and Debian's chromium.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+scripts/build-web.sh
+
+echo "== npm package in Node (packed tarball in a fresh project)"
+work=$(mktemp -d -t saguaro-web-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+tarball=$(npm pack ./pkg --pack-destination "$work" --silent | tail -n 1)
+mkdir "$work/project"
+cp tests/web/node.test.mjs tests/web/golden.mjs "$work/project/"
+(
+  cd "$work/project"
+  echo '{"name":"fresh","private":true,"type":"module"}' > package.json
+  npm install --no-audit --no-fund --silent "$work/$tarball"
+  SAGUARO_GOLDEN="$root/tests/golden" node node.test.mjs "$root/models"
+)
+
+echo "== wasm tests in headless Chromium"
+scripts/test-wasm.sh
+
+echo "== demo end to end in Chromium"
+node tests/web/e2e.mjs

@@ -1,0 +1,93 @@
+// The demo end to end in Debian's Chromium (WebGPU through SwiftShader), driven by playwright-core:
+// SmolLM2 as target and draft by URL; AR and SSD (GPU target, CPU-worker draft) give the golden
+// text; stats and the timeline are shown; the page keeps painting during a CPU generation; stop
+// then a new race gives the golden text again; screenshots at laptop and phone widths.
+// Usage: node tests/web/e2e.mjs   (after scripts/build-web.sh; needs models/)
+import { spawn } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
+import { chromium } from 'playwright-core';
+import { check, golden, greedyMismatch } from './golden.mjs';
+
+const port = 8000 + Math.floor(Math.random() * 1000);
+const server = spawn('node', ['scripts/serve.mjs', '.', String(port)], { stdio: ['ignore', 'pipe', 'inherit'] });
+await new Promise((resolve) => server.stdout.once('data', resolve));
+const base = `http://127.0.0.1:${port}`;
+const g = golden();
+const n = 16;
+const shots = 'docs/screenshots';
+mkdirSync(shots, { recursive: true });
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  args: ['--enable-unsafe-webgpu', '--no-sandbox', '--disable-background-networking', '--disable-component-update',
+    '--no-first-run', '--disable-sync'],
+});
+const timeout = 600_000;
+// One context for every page, so the second load finds the models in the Cache API.
+const context = await browser.newContext();
+
+async function open(params, viewport = { width: 1280, height: 900 }) {
+  const page = await context.newPage();
+  await page.setViewportSize(viewport);
+  page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
+  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
+  const q = new URLSearchParams({ pair: 'smollm', prompt: g.prompt, autoload: '1', ...params });
+  await page.goto(`${base}/www/?${q}`);
+  await page.waitForFunction(() => window.demo?.engine || window.demo?.error, null, { timeout });
+  const error = await page.evaluate(() => window.demo.error);
+  if (error) throw new Error(`load failed: ${JSON.stringify(error)}`);
+  return page;
+}
+
+async function race(page) {
+  await page.click('#race');
+  await page.waitForFunction(() => window.demo.running === false && (window.demo.results.ssd || window.demo.error), null, { timeout });
+  return page.evaluate(() => ({ results: window.demo.results, error: window.demo.error }));
+}
+
+try {
+  // 1. GPU target (SwiftShader), draft in a CPU worker.
+  const page = await open({ backend: 'gpu', draftBackend: 'cpu', maxTokens: String(n) });
+  const info = await page.evaluate(() => ({ ...window.demo.engine.info, loadMs: window.demo.loadMs }));
+  check(info.backend === 'gpu' && info.draftWorker, `target on WebGPU (${info.targetBackend}), draft in its own worker`);
+  const { results, error } = await race(page);
+  check(!error, `race ran (${JSON.stringify(error)})`);
+  const { ar, ssd } = results;
+  check(ar.tokens.length === n && greedyMismatch(ar.tokens, g) === null, `AR on WebGPU gives the golden tokens (${greedyMismatch(ar.tokens, g)})`);
+  check(JSON.stringify(ssd.tokens) === JSON.stringify(ar.tokens) && ssd.text === ar.text, 'SSD gives exactly the AR text');
+  check(ssd.stats.timeline?.length > 0 && ssd.stats.overlapMs >= 0, 'SSD stats carry a timeline');
+  check(await page.locator('#timeline svg rect').count() > 0, 'the timeline is drawn');
+  check((await page.textContent('#lane-ssd [data-k="speedup"]')).includes('x'), 'the speed-up is shown');
+  console.log(`metrics: gpu-target AR ${ar.stats.tokensPerS.toFixed(2)} tok/s, SSD ${ssd.stats.tokensPerS.toFixed(2)} tok/s, ` +
+    `overlap ${ssd.stats.overlapMs.toFixed(0)} of ${ssd.stats.draftBusyMs.toFixed(0)} ms draft time, load ${info.loadMs.toFixed(0)} ms`);
+  await page.screenshot({ path: `${shots}/demo-laptop.png`, fullPage: true });
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.screenshot({ path: `${shots}/demo-phone.png`, fullPage: true });
+  check(true, `screenshots in ${shots}/demo-laptop.png and ${shots}/demo-phone.png`);
+  await page.close();
+
+  // 2. CPU target: the main thread keeps painting while the engine worker computes; stop, then
+  //    a new race gives the golden text.
+  const cpu = await open({ backend: 'cpu', draftBackend: 'cpu', maxTokens: '400' });
+  const loadMs = await cpu.evaluate(() => window.demo.loadMs);
+  console.log(`metrics: reload with the Cache API: ${loadMs.toFixed(0)} ms`);
+  await cpu.click('#race');
+  await cpu.waitForFunction(() => window.demo.running && document.querySelector('#lane-ar .out').textContent.length > 0, null, { timeout });
+  const f0 = await cpu.evaluate(() => window.demo.frames);
+  await cpu.waitForTimeout(1000);
+  const f1 = await cpu.evaluate(() => window.demo.frames);
+  check(f1 - f0 >= 20, `requestAnimationFrame kept firing during a CPU generation (${f1 - f0} frames in 1 s)`);
+  await cpu.click('#stop');
+  await cpu.waitForFunction(() => !window.demo.running, null, { timeout });
+  const stopped = await cpu.evaluate(() => window.demo.error);
+  check(stopped?.code === 'aborted', `stop aborts the generation (${JSON.stringify(stopped)})`);
+  await cpu.fill('#maxTokens', String(n));
+  const again = await race(cpu);
+  check(!again.error && greedyMismatch(again.results.ar.tokens, g) === null && again.results.ar.tokens.length === n, 'after a stop, AR gives the golden tokens');
+  check(JSON.stringify(again.results.ssd.tokens) === JSON.stringify(again.results.ar.tokens), 'after a stop, SSD equals AR');
+  console.log(`metrics: cpu-target AR ${again.results.ar.stats.tokensPerS.toFixed(2)} tok/s, SSD ${again.results.ssd.stats.tokensPerS.toFixed(2)} tok/s`);
+  console.log('e2e: all passed');
+} finally {
+  await browser.close();
+  server.kill();
+}
