@@ -295,3 +295,17 @@ fn an_hf_eos_token_outside_the_vocabulary_is_refused() {
         assert!(msg.contains("config.json: eos_token_id") && msg.contains("4-token vocabulary"), "{eos}: {msg}");
     }
 }
+
+/// Found by the hf_dir fuzzer: a decoder object that is not valid JSON text made `tokenizers`
+/// panic while deserializing it.
+#[test]
+fn a_tokenizer_json_that_is_not_json_is_an_error() {
+    use saguaro::model::tokenizer::Tokenizer;
+    for bad in [&b"{\"decoder\": {\"type\": \"ByteLeve\x9a\x99\n\xd7c>\n"[..], b"{\"decoder\": {\"type\": \"BPE\x01\"}}", b""] {
+        let err = Tokenizer::from_json(bad).unwrap_err();
+        assert!(matches!(err, Error::Tokenizer(ref m) if m.contains("not valid JSON")), "{err}");
+    }
+    let mut files = hf_files(hf_config(serde_json::json!(3)));
+    files[1].1 = b"{\"decoder\": {\"type\": \"ByteLevel\x01\"}}".to_vec();
+    assert!(hf_err(files).contains("tokenizer.json is not valid JSON"));
+}
