@@ -298,6 +298,7 @@ impl Engine {
             max_tokens: opts.max_tokens,
             sampling: opts.sampling,
             stop: self.tokenizer.eos_ids().to_vec(),
+            ..Request::default()
         };
         let mut stream = StreamDecoder::new(&self.tokenizer);
         let mut stream_err = None;

@@ -27,6 +27,8 @@ pub enum Error {
         requested: usize,
         context: usize,
     },
+    #[error("the prompt of {prompt} tokens leaves no room to generate in the context of {context} tokens")]
+    PromptTooLong { prompt: usize, context: usize },
     #[error("generation cancelled")]
     Cancelled,
     #[error("GPU error: {0}")]
@@ -47,7 +49,7 @@ impl Error {
         match self {
             Error::Io { .. } | Error::InvalidModel(_) | Error::Unsupported(_) | Error::Tokenizer(_) => "bad_model",
             Error::IncompatibleDraft(_) => "vocab_mismatch",
-            Error::InvalidArgument(_) | Error::ContextOverflow { .. } => "invalid_argument",
+            Error::InvalidArgument(_) | Error::ContextOverflow { .. } | Error::PromptTooLong { .. } => "invalid_argument",
             Error::Cancelled => "aborted",
             Error::Gpu(_) => "gpu_error",
             Error::DeviceLost(_) => "device_lost",

@@ -62,6 +62,7 @@ fn check_model(name: &str, golden_files: &[String]) {
                 max_tokens: n,
                 sampling: SamplingParams::default(),
                 stop: m.tokenizer.eos_ids().to_vec(),
+                ..Request::default()
             };
             let gen = block_on(generate_ar(lm.as_mut(), &req, &mut |_| true)).unwrap();
             check_greedy(case, &gen.tokens, &what);

@@ -73,7 +73,7 @@ fn write_hf_dir(m: &ModelFile, dir: &std::path::Path) {
 fn greedy(m: &ModelFile, prompt: &str, n: usize) -> Vec<u32> {
     let prompt = m.tokenizer.encode(prompt).unwrap();
     let mut lm = Runner::new(Transformer::new(CpuBackend::new(0).unwrap(), &m.weights).unwrap(), prompt.len() + n).unwrap();
-    let req = Request { prompt, max_tokens: n, sampling: SamplingParams::default(), stop: m.tokenizer.eos_ids().to_vec() };
+    let req = Request { prompt, max_tokens: n, sampling: SamplingParams::default(), stop: m.tokenizer.eos_ids().to_vec(), ..Request::default() };
     block_on(generate_ar(&mut lm, &req, &mut |_| true)).unwrap().tokens
 }
 

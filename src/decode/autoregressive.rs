@@ -9,7 +9,7 @@ use crate::model::runner::{append, Lm, Want};
 use crate::sampling::{self, Rng};
 
 pub async fn generate_ar(target: &mut dyn Lm, req: &Request, sink: Sink<'_>) -> Result<Generation> {
-    req.validate(target, 0)?;
+    let room = req.validate(target, 0)?;
     target.truncate(0);
     let mut rng = Rng::new(req.sampling.seed);
     let mut stats = Stats { mode: "ar".into(), prompt_tokens: req.prompt.len(), ..Stats::default() };
@@ -19,7 +19,7 @@ pub async fn generate_ar(target: &mut dyn Lm, req: &Request, sink: Sink<'_>) -> 
     stats.prefill_ms = elapsed_ms(t0);
 
     let t1 = Instant::now();
-    let mut out = Output::new(req, sink);
+    let mut out = Output::new(req, room, sink);
     out.push(&[next]);
     while !out.done() {
         next = if req.sampling.is_greedy() {

@@ -6,9 +6,13 @@ pub mod autoregressive;
 pub mod speculative;
 pub mod ssd;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::model::config::ModelConfig;
 use crate::model::runner::Lm;
 use crate::sampling::SamplingParams;
 
@@ -17,19 +21,52 @@ pub use speculative::{generate_sd, Backup, Fanout, Mode, SpecConfig};
 pub use ssd::{generate_ssd, DraftHost, DraftWorker};
 
 /// What to generate.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     /// Tokens that end generation (they are emitted, then generation stops).
     pub stop: Vec<u32>,
+    /// Cancels this generation from elsewhere (another thread, a JS AbortSignal's handler).
+    /// It cannot cross to a draft in another process or Web Worker: there the request arrives
+    /// with a token of its own, and the target's side stops the generation within the round.
+    #[serde(skip)]
+    pub cancel: CancelToken,
+}
+
+/// A handle that stops a generation: checked once per round by every strategy, and by the SSD
+/// draft worker between tree steps, so it takes effect within one round. Clones share one flag;
+/// a cancelled generation ends with [`FinishReason::Cancelled`] and the tokens committed so far.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Tokens one sequence can occupy in a model with `config` and `capacity` KV slots, keeping
+/// `scratch` slots free for speculation.
+pub(crate) fn context_of(config: &ModelConfig, capacity: usize, scratch: usize) -> usize {
+    config.context_length.min(capacity.saturating_sub(scratch))
 }
 
 impl Request {
     /// Check the request against the model before anything runs; `scratch` is the extra cache
-    /// room a strategy needs beyond prompt + output (speculation).
-    pub fn validate(&self, lm: &dyn Lm, scratch: usize) -> Result<()> {
+    /// room a strategy needs beyond prompt + output (speculation). Returns how many tokens the
+    /// model has room to generate after the prompt: `max_tokens` is an upper bound, and a
+    /// generation that fills the context ends with [`FinishReason::ContextFull`].
+    pub fn validate(&self, lm: &dyn Lm, scratch: usize) -> Result<usize> {
         self.sampling.validate()?;
         if self.prompt.is_empty() {
             return Err(Error::InvalidArgument("the prompt is empty".into()));
@@ -41,11 +78,30 @@ impl Request {
         if let Some(&t) = self.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::InvalidArgument(format!("prompt token {t} is outside the vocabulary of {vocab}")));
         }
-        let context = lm.config().context_length.min(lm.capacity().saturating_sub(scratch));
-        if self.prompt.len() + self.max_tokens > context {
-            return Err(Error::ContextOverflow { prompt: self.prompt.len(), requested: self.max_tokens, context });
+        let context = context_of(lm.config(), lm.capacity(), scratch);
+        match self.room(context) {
+            0 => Err(Error::PromptTooLong { prompt: self.prompt.len(), context }),
+            room => Ok(room),
         }
-        Ok(())
+    }
+
+    /// Tokens that fit after the prompt in a context of `context` tokens.
+    pub(crate) fn room(&self, context: usize) -> usize {
+        context.saturating_sub(self.prompt.len())
+    }
+
+    /// How many tokens a speculative generation may produce: as many as the target has room
+    /// for, up to `max_tokens`, which the draft (with `draft_room` after the prompt) must follow.
+    pub(crate) fn speculative_room(&self, target_room: usize, draft_room: usize) -> Result<usize> {
+        let need = self.max_tokens.min(target_room);
+        if draft_room < need {
+            return Err(Error::IncompatibleDraft(format!(
+                "the draft's context has room for {draft_room} tokens after this {}-token prompt, but the request \
+                 may generate {need}: give the draft a larger context or ask for fewer tokens",
+                self.prompt.len()
+            )));
+        }
+        Ok(target_room)
     }
 }
 
@@ -54,6 +110,8 @@ impl Request {
 pub enum FinishReason {
     Eos,
     MaxTokens,
+    /// The context window is full: the model cannot attend to another token.
+    ContextFull,
     Cancelled,
 }
 
@@ -74,6 +132,10 @@ pub struct Stats {
     pub mean_accepted: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_hit_rate: Option<f64>,
+    /// SSD: cache hits that supplied two or more draft tokens (their later tokens were drawn at
+    /// tree steps past the first, so a sampled one is verified against a q from such a step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multi_token_hits: Option<usize>,
     pub target_busy_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub draft_busy_ms: Option<f64>,
@@ -125,18 +187,33 @@ pub struct Generation {
 /// Receives committed tokens as they are produced; returning `false` cancels generation.
 pub type Sink<'a> = &'a mut dyn FnMut(&[u32]) -> bool;
 
-/// Collects output tokens, stopping at a stop token, the token limit or cancellation.
+/// Collects output tokens, stopping at a stop token, the token limit, a full context or
+/// cancellation.
 pub(crate) struct Output<'a> {
     pub tokens: Vec<u32>,
     max: usize,
+    /// Why generation ends when `max` tokens are reached.
+    at_max: FinishReason,
     stop: &'a [u32],
+    cancel: &'a CancelToken,
     sink: Sink<'a>,
     pub finish: Option<FinishReason>,
 }
 
 impl<'a> Output<'a> {
-    pub fn new(req: &'a Request, sink: Sink<'a>) -> Self {
-        Output { tokens: Vec::with_capacity(req.max_tokens), max: req.max_tokens, stop: &req.stop, sink, finish: None }
+    /// Output for `req` on models with `room` tokens of context left after the prompt.
+    pub fn new(req: &'a Request, room: usize, sink: Sink<'a>) -> Self {
+        let (max, at_max) = if room < req.max_tokens {
+            (room, FinishReason::ContextFull)
+        } else {
+            (req.max_tokens, FinishReason::MaxTokens)
+        };
+        Output { tokens: Vec::with_capacity(max), max, at_max, stop: &req.stop, cancel: &req.cancel, sink, finish: None }
+    }
+
+    /// Tokens that may still be committed.
+    pub fn remaining(&self) -> usize {
+        self.max - self.tokens.len()
     }
 
     /// Commit `tokens` in order, up to the first stop token or the limit; returns how many were
@@ -152,10 +229,11 @@ impl<'a> Output<'a> {
             if self.stop.contains(&t) {
                 self.finish = Some(FinishReason::Eos);
             } else if self.tokens.len() >= self.max {
-                self.finish = Some(FinishReason::MaxTokens);
+                self.finish = Some(self.at_max);
             }
         }
-        if n > 0 && !(self.sink)(&tokens[..n]) {
+        let stopped = n > 0 && !(self.sink)(&tokens[..n]);
+        if stopped || (self.finish.is_none() && self.cancel.is_cancelled()) {
             self.finish = Some(FinishReason::Cancelled);
         }
         n
@@ -166,7 +244,7 @@ impl<'a> Output<'a> {
     }
 
     pub fn into_generation(self, stats: Stats) -> Generation {
-        Generation { tokens: self.tokens, finish: self.finish.unwrap_or(FinishReason::MaxTokens), stats }
+        Generation { tokens: self.tokens, finish: self.finish.unwrap_or(self.at_max), stats }
     }
 }
 

@@ -10,7 +10,7 @@ use web_time::Instant;
 
 use super::autoregressive::pick;
 use super::ssd::tree::Tree;
-use super::{elapsed_ms, Generation, Output, Request, RoundTimes, Sink, Stats};
+use super::{context_of, elapsed_ms, Generation, Output, Request, RoundTimes, Sink, Stats};
 use crate::backend::Batch;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
@@ -234,6 +234,8 @@ pub(crate) async fn verify(
         let accepted = proposal.tokens.iter().zip(&best).take_while(|(s, b)| s == b).count();
         Outcome { accepted, bonus: best[accepted] }
     } else {
+        // Pairing tokens with distributions below would silently pass a token that lacks its q.
+        assert_eq!(proposal.q.len(), n, "every sampled draft token must come with the q it was drawn from");
         let vocab = target.config().vocab_size;
         let logits = target.logits(&batch, &rows).await?;
         let p = |i: usize| sampling::probs(&logits[i * vocab..(i + 1) * vocab], params);
@@ -324,8 +326,8 @@ pub async fn generate_sd(
 ) -> Result<Generation> {
     check_draft(target.config(), draft.config())?;
     spec.validate()?;
-    req.validate(target, 0)?;
-    req.validate(draft, 0)?;
+    let target_room = req.validate(target, 0)?;
+    let room = req.speculative_room(target_room, req.room(context_of(draft.config(), draft.capacity(), 0)))?;
     target.truncate(0);
     draft.truncate(0);
     let mut rng = Rng::new(req.sampling.seed);
@@ -338,14 +340,14 @@ pub async fn generate_sd(
     stats.prefill_ms = elapsed_ms(t0);
 
     let t1 = Instant::now();
-    let mut out = Output::new(req, sink);
+    let mut out = Output::new(req, room, sink);
     out.push(&[rec]);
     let mut tally = Tally::new(t1);
     let mut draft_ms = 0.0;
     // Committed tokens the draft's cache does not hold yet.
     let mut pending = Vec::new();
     while !out.done() {
-        let n = spec.k.min(req.max_tokens - out.tokens.len() - 1);
+        let n = spec.k.min(out.remaining() - 1);
         let start = draft.len();
         let mut feed = std::mem::take(&mut pending);
         feed.push(rec);

@@ -37,19 +37,36 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Every dimension nonzero, consistent and within sane bounds (far above any model this
+    /// engine runs, far below sizes whose products could overflow), before anything is
+    /// allocated from them.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::invalid_model(m));
-        if self.n_layers == 0 || self.d_model == 0 || self.n_heads == 0 || self.n_kv_heads == 0 {
-            return bad(format!("degenerate model dimensions: {self:?}"));
+        let limits = [
+            ("n_layers", self.n_layers, 1024),
+            ("d_model", self.d_model, 1 << 16),
+            ("n_heads", self.n_heads, 1024),
+            ("n_kv_heads", self.n_kv_heads, 1024),
+            ("head_dim", self.head_dim, 1024),
+            ("d_ffn", self.d_ffn, 1 << 20),
+            ("vocab_size", self.vocab_size, 1 << 22),
+            ("context_length", self.context_length, 1 << 24),
+        ];
+        for (name, value, max) in limits {
+            if value == 0 || value > max {
+                return bad(format!("model dimension {name} = {value} is outside 1..={max}"));
+            }
         }
         if self.n_heads % self.n_kv_heads != 0 {
             return bad(format!("{} heads not divisible by {} kv heads", self.n_heads, self.n_kv_heads));
         }
-        if self.head_dim % 2 != 0 || self.head_dim == 0 {
+        if self.head_dim % 2 != 0 {
             return bad(format!("head dimension {} must be even", self.head_dim));
         }
-        if self.n_layers > 1024 || self.d_model > 1 << 16 || self.vocab_size > 1 << 22 {
-            return bad(format!("implausible model dimensions: {self:?}"));
+        for (name, value) in [("rope_theta", self.rope_theta), ("rms_eps", self.rms_eps)] {
+            if !(value.is_finite() && value > 0.0) {
+                return bad(format!("{name} = {value} must be a positive number"));
+            }
         }
         Ok(())
     }

@@ -85,16 +85,26 @@ pub struct Gguf {
     pub tensors: Vec<TensorInfo>,
 }
 
+/// Sane bounds beyond what the file's length allows, so that a small hostile file cannot make
+/// the parser allocate far more than it reads (a `Value` is larger than the byte it came from).
+/// Real models stay far below them: ~300 tensors per 30 layers, ~30 metadata keys, 152k-token
+/// vocabularies.
+const MAX_TENSORS: u64 = 1 << 16;
+const MAX_METADATA: u64 = 1 << 16;
+const MAX_ARRAY_LEN: u64 = 1 << 22;
+const MAX_ALIGNMENT: u64 = 1 << 16;
+
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    fn take(&mut self, n: usize, field: &dyn Fn() -> String) -> Result<&'a [u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
             Error::invalid_model(format!(
-                "GGUF file truncated: needed {n} bytes at offset {} of {}",
+                "GGUF file truncated: {} needs {n} bytes at offset {} of {}",
+                field(),
                 self.pos,
                 self.buf.len()
             ))
@@ -103,58 +113,90 @@ impl<'a> Reader<'a> {
         self.pos = end;
         Ok(s)
     }
-    fn arr<const N: usize>(&mut self) -> Result<[u8; N]> {
-        Ok(self.take(N)?.try_into().expect("take returns N bytes"))
+    fn arr<const N: usize>(&mut self, field: &dyn Fn() -> String) -> Result<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N, field)?);
+        Ok(a)
     }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.arr()?))
+    fn u32(&mut self, field: &dyn Fn() -> String) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.arr(field)?))
     }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.arr()?))
+    fn u64(&mut self, field: &dyn Fn() -> String) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.arr(field)?))
     }
-    /// A count of items of at least `min_item_bytes` each: bounded by the bytes left, so a
-    /// corrupt count cannot trigger a huge allocation.
-    fn count(&mut self, min_item_bytes: usize, what: &str) -> Result<usize> {
-        let n = self.u64()?;
+    /// A count of items of at least `min_item_bytes` each, refused before anything is allocated
+    /// when the bytes left cannot hold that many or it exceeds `max`.
+    fn count(&mut self, min_item_bytes: usize, max: u64, field: &dyn Fn() -> String) -> Result<usize> {
+        let n = self.u64(field)?;
         let left = (self.buf.len() - self.pos) as u64;
         if n.saturating_mul(min_item_bytes as u64) > left {
             return Err(Error::invalid_model(format!(
-                "GGUF {what} count {n} exceeds what the file can hold (truncated or corrupt)"
+                "GGUF {} = {n} exceeds what the remaining {left} bytes of the file can hold (truncated or corrupt)",
+                field()
             )));
         }
-        Ok(n as usize)
+        if n > max {
+            return Err(Error::invalid_model(format!("GGUF {} = {n} exceeds the limit of {max}", field())));
+        }
+        usize::try_from(n).map_err(|_| Error::invalid_model(format!("GGUF {} = {n} is too large", field())))
     }
-    fn string(&mut self) -> Result<String> {
-        let n = self.count(1, "string length")?;
-        let b = self.take(n)?;
-        String::from_utf8(b.to_vec()).map_err(|_| Error::invalid_model("GGUF string is not UTF-8"))
+    fn string(&mut self, field: &dyn Fn() -> String) -> Result<String> {
+        let len_field = || format!("{} length", field());
+        let n = self.count(1, u64::MAX, &len_field)?;
+        let b = self.take(n, field)?;
+        String::from_utf8(b.to_vec()).map_err(|_| Error::invalid_model(format!("GGUF {} is not UTF-8", field())))
     }
-    fn value(&mut self, ty: u32, depth: u32) -> Result<Value> {
+    /// A value of GGUF type `ty` for metadata key `key`; arrays hold scalars or strings.
+    fn value(&mut self, ty: u32, key: &str, in_array: bool) -> Result<Value> {
+        let field = || format!("metadata {key}");
         Ok(match ty {
-            0 => Value::U8(self.arr::<1>()?[0]),
-            1 => Value::I8(self.arr::<1>()?[0] as i8),
-            2 => Value::U16(u16::from_le_bytes(self.arr()?)),
-            3 => Value::I16(i16::from_le_bytes(self.arr()?)),
-            4 => Value::U32(self.u32()?),
-            5 => Value::I32(i32::from_le_bytes(self.arr()?)),
-            6 => Value::F32(f32::from_le_bytes(self.arr()?)),
-            7 => Value::Bool(self.arr::<1>()?[0] != 0),
-            8 => Value::String(self.string()?),
-            9 if depth == 0 => {
-                let elem = self.u32()?;
-                let n = self.count(1, "array length")?;
+            0 => Value::U8(self.arr::<1>(&field)?[0]),
+            1 => Value::I8(self.arr::<1>(&field)?[0] as i8),
+            2 => Value::U16(u16::from_le_bytes(self.arr(&field)?)),
+            3 => Value::I16(i16::from_le_bytes(self.arr(&field)?)),
+            4 => Value::U32(self.u32(&field)?),
+            5 => Value::I32(i32::from_le_bytes(self.arr(&field)?)),
+            6 => Value::F32(f32::from_le_bytes(self.arr(&field)?)),
+            7 => Value::Bool(self.arr::<1>(&field)?[0] != 0),
+            8 => Value::String(self.string(&field)?),
+            9 if !in_array => {
+                let elem = self.u32(&|| format!("metadata {key} element type"))?;
+                let size = value_size(elem).ok_or_else(|| {
+                    Error::invalid_model(format!("GGUF metadata {key}: array element type {elem} unknown or nested"))
+                })?;
+                let n = self.count(size, MAX_ARRAY_LEN, &|| format!("metadata {key} array length"))?;
                 let mut v = Vec::with_capacity(n);
                 for _ in 0..n {
-                    v.push(self.value(elem, depth + 1)?);
+                    v.push(self.value(elem, key, true)?);
                 }
                 Value::Array(v)
             }
-            10 => Value::U64(self.u64()?),
-            11 => Value::I64(i64::from_le_bytes(self.arr()?)),
-            12 => Value::F64(f64::from_le_bytes(self.arr()?)),
-            _ => return Err(Error::invalid_model(format!("GGUF metadata value type {ty} unknown"))),
+            10 => Value::U64(self.u64(&field)?),
+            11 => Value::I64(i64::from_le_bytes(self.arr(&field)?)),
+            12 => Value::F64(f64::from_le_bytes(self.arr(&field)?)),
+            _ => return Err(Error::invalid_model(format!("GGUF metadata {key}: value type {ty} unknown or nested"))),
         })
     }
+}
+
+/// The least number of bytes a value of GGUF type `ty` occupies in an array (a string: its
+/// length field); `None` for unknown types and arrays, which may not nest.
+fn value_size(ty: u32) -> Option<usize> {
+    Some(match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
+        _ => return None,
+    })
+}
+
+/// A tensor info as read, before it is checked against the data section.
+struct RawTensor {
+    name: String,
+    dims: Vec<usize>,
+    ty: u32,
+    offset: u64,
 }
 
 impl Gguf {
@@ -165,68 +207,46 @@ impl Gguf {
             return Err(Error::invalid_model("not a GGUF file (bad magic)"));
         }
         r.pos = 4;
-        let version = r.u32()?;
+        let version = r.u32(&|| "version".into())?;
         if !(2..=3).contains(&version) {
             return Err(Error::Unsupported(format!("GGUF version {version} (2 and 3 are supported)")));
         }
-        let n_tensors = r.count(24, "tensor")?;
-        let n_kv = r.count(12, "metadata")?;
+        // The smallest tensor info: an empty name (8), one dimension (4 + 8), type (4), offset (8);
+        // the smallest metadata entry: an empty key (8), type (4), a one-byte value.
+        let n_tensors = r.count(32, MAX_TENSORS, &|| "tensor_count".into())?;
+        let n_kv = r.count(13, MAX_METADATA, &|| "metadata_kv_count".into())?;
         let mut metadata = HashMap::with_capacity(n_kv);
-        for _ in 0..n_kv {
-            let key = r.string()?;
-            let ty = r.u32()?;
-            let value = r.value(ty, 0)?;
+        for i in 0..n_kv {
+            let key = r.string(&|| format!("metadata key {i}"))?;
+            let ty = r.u32(&|| format!("metadata {key} type"))?;
+            let value = r.value(ty, &key, false)?;
             metadata.insert(key, value);
         }
         let mut raw = Vec::with_capacity(n_tensors);
-        for _ in 0..n_tensors {
-            let name = r.string()?;
-            let n_dims = r.u32()? as usize;
+        for i in 0..n_tensors {
+            let name = r.string(&|| format!("tensor {i} name"))?;
+            let field = |what: &str| format!("tensor {name} {what}");
+            let n_dims = r.u32(&|| field("n_dimensions"))? as usize;
             if n_dims == 0 || n_dims > 4 {
-                return Err(Error::invalid_model(format!("tensor {name} has {n_dims} dimensions")));
+                return Err(Error::invalid_model(format!("GGUF tensor {name} has {n_dims} dimensions (1 to 4 allowed)")));
             }
             let mut dims = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
-                dims.push(usize::try_from(r.u64()?).map_err(|_| Error::invalid_model("tensor dim too large"))?);
+                let d = r.u64(&|| field("dimension"))?;
+                dims.push(usize::try_from(d).map_err(|_| Error::invalid_model(format!("GGUF tensor {name} dimension {d} is too large")))?);
             }
-            let ty = r.u32()?;
-            let offset = r.u64()?;
-            raw.push((name, dims, ty, offset));
+            let ty = r.u32(&|| field("type"))?;
+            let offset = r.u64(&|| field("offset"))?;
+            raw.push(RawTensor { name, dims, ty, offset });
         }
         let alignment = match metadata.get("general.alignment") {
-            Some(v) => v.as_u64().filter(|a| a.is_power_of_two()).ok_or_else(|| {
-                Error::invalid_model("general.alignment is not a power of two")
+            Some(v) => v.as_u64().filter(|a| a.is_power_of_two() && *a <= MAX_ALIGNMENT).ok_or_else(|| {
+                Error::invalid_model(format!("GGUF metadata general.alignment = {v:?} is not a power of two up to {MAX_ALIGNMENT}"))
             })?,
             None => DEFAULT_ALIGNMENT,
         };
         let data_start = (r.pos as u64).div_ceil(alignment) * alignment;
-        let mut tensors = Vec::with_capacity(raw.len());
-        for (name, dims, ty, offset) in raw {
-            let dtype = DType::from_ggml(ty)
-                .map_err(|e| Error::invalid_model(format!("tensor {name}: {e}")))?;
-            let n = dims
-                .iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| Error::invalid_model(format!("tensor {name}: size overflows")))?;
-            if dims[0] % dtype.block_size() != 0 {
-                return Err(Error::invalid_model(format!(
-                    "tensor {name}: row of {} values is not a whole number of {:?} blocks",
-                    dims[0], dtype
-                )));
-            }
-            let bytes = dtype.bytes_for(n).map_err(|e| Error::invalid_model(format!("tensor {name}: {e}")))?;
-            let start = data_start.checked_add(offset).and_then(|s| usize::try_from(s).ok());
-            let range = start
-                .and_then(|s| s.checked_add(bytes).map(|e| s..e))
-                .filter(|r| r.end <= buf.len())
-                .ok_or_else(|| {
-                    Error::invalid_model(format!(
-                        "tensor {name} ({bytes} bytes at offset {offset}) extends past the end of the file ({} bytes); the file is truncated or corrupt",
-                        buf.len()
-                    ))
-                })?;
-            tensors.push(TensorInfo { name, dims, dtype, range });
-        }
+        let tensors = raw.into_iter().map(|t| t.locate(data_start, buf.len())).collect::<Result<_>>()?;
         Ok(Gguf { version, metadata, tensors })
     }
 
@@ -253,5 +273,33 @@ impl Gguf {
         arr.iter()
             .map(|v| v.as_str().ok_or_else(|| Error::Tokenizer(format!("{key} holds a non-string"))))
             .collect()
+    }
+}
+
+impl RawTensor {
+    /// Check the tensor's type and size, and that its bytes lie inside the file (`file_len`
+    /// bytes, data section from `data_start`).
+    fn locate(self, data_start: u64, file_len: usize) -> Result<TensorInfo> {
+        let RawTensor { name, dims, ty, offset } = self;
+        let bad = |what: String| Error::invalid_model(format!("GGUF tensor {name}: {what}"));
+        let dtype = DType::from_ggml(ty).map_err(|e| bad(e.to_string()))?;
+        let n = dims
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
+        if dims[0] % dtype.block_size() != 0 {
+            return Err(bad(format!("row of {} values is not a whole number of {dtype:?} blocks", dims[0])));
+        }
+        let bytes = dtype.bytes_for(n).map_err(|e| bad(e.to_string()))?;
+        let start = data_start.checked_add(offset).and_then(|s| usize::try_from(s).ok());
+        let range = start
+            .and_then(|s| s.checked_add(bytes).map(|e| s..e))
+            .filter(|r| r.end <= file_len)
+            .ok_or_else(|| {
+                bad(format!(
+                    "{bytes} bytes at offset {offset} extend past the end of the file ({file_len} bytes); the file is truncated or corrupt"
+                ))
+            })?;
+        Ok(TensorInfo { name, dims, dtype, range })
     }
 }

@@ -38,7 +38,8 @@ fn expect_shape(w: &Weight, name: &str, rows: usize, cols: usize) -> Result<()> 
 }
 
 /// GGUF llama files store Q/K rows interleaved per head (pairs adjacent); the forward uses the
-/// rotate-half RoPE of HF, whose row order puts each pair's halves `head_dim / 2` apart.
+/// rotate-half RoPE of HF, whose row order puts each pair's halves `head_dim / 2` apart. `w` must
+/// already be checked to hold `n_heads` heads of an even, nonzero head dimension.
 fn unpermute_qk(w: &Weight, n_heads: usize) -> Weight {
     let hd = w.rows / n_heads;
     let perm: Vec<usize> = (0..w.rows)
@@ -141,7 +142,10 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
         .ok_or_else(|| Error::invalid_model("GGUF metadata general.architecture missing"))?;
     let arch = Arch::parse(arch_name)?;
     let key = |k: &str| format!("{arch_name}.{k}");
-    let u = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
+    let u = |k: &str| {
+        let v = g.get_u64(&key(k))?;
+        usize::try_from(v).map_err(|_| Error::invalid_model(format!("GGUF metadata {} = {v} is too large", key(k))))
+    };
     let f = |k: &str, default: f64| g.get(&key(k)).and_then(|v| v.as_f64()).unwrap_or(default) as f32;
     let tokenizer = Tokenizer::from_gguf(&g)?;
 
@@ -171,20 +175,16 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
         context_length: u("context_length").unwrap_or(2048),
         tied_embeddings: !tensors.contains_key("output.weight"),
     };
-    config.validate()?;
+    check_tokenizer(&tokenizer, &config)?;
+    let chat_template = g.get_str("tokenizer.chat_template").map(str::to_owned);
+    let mut weights = assemble(config, tensors, &gguf_name)?;
     if arch == Arch::Llama {
-        for i in 0..config.n_layers {
-            for (name, heads) in [("attn_q", config.n_heads), ("attn_k", config.n_kv_heads)] {
-                let name = format!("blk.{i}.{name}.weight");
-                if let Some(w) = tensors.get(&name) {
-                    let w = unpermute_qk(w, heads);
-                    tensors.insert(name, w);
-                }
-            }
+        let (q_heads, kv_heads) = (weights.config.n_heads, weights.config.n_kv_heads);
+        for l in &mut weights.layers {
+            l.wq = unpermute_qk(&l.wq, q_heads);
+            l.wk = unpermute_qk(&l.wk, kv_heads);
         }
     }
-    let chat_template = g.get_str("tokenizer.chat_template").map(str::to_owned);
-    let weights = assemble(config, tensors, &gguf_name)?;
     Ok(ModelFile { weights, tokenizer, chat_template })
 }
 
@@ -214,11 +214,43 @@ fn default_theta() -> f32 {
     10000.0
 }
 
-fn eos_ids(v: &serde_json::Value) -> Vec<u32> {
-    match v {
-        serde_json::Value::Number(n) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        serde_json::Value::Array(a) => a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32).collect(),
-        _ => vec![],
+/// The `eos_token_id` of `file`: one id or a list, each a token of the `vocab`-token tokenizer.
+fn eos_ids(v: &serde_json::Value, file: &str, vocab: usize) -> Result<Vec<u32>> {
+    let ids = match v {
+        serde_json::Value::Array(a) => a.iter().collect(),
+        serde_json::Value::Null => vec![],
+        one => vec![one],
+    };
+    ids.into_iter()
+        .map(|id| {
+            id.as_u64().filter(|&n| n < vocab as u64).map(|n| n as u32).ok_or_else(|| {
+                Error::invalid_model(format!("{file}: eos_token_id {id} is not a token of the {vocab}-token vocabulary"))
+            })
+        })
+        .collect()
+}
+
+/// Every id the tokenizer produces must have a row in the embedding.
+fn check_tokenizer(tokenizer: &Tokenizer, config: &ModelConfig) -> Result<()> {
+    let n = tokenizer.vocab_size();
+    if n > config.vocab_size {
+        return Err(Error::invalid_model(format!(
+            "the tokenizer has {n} tokens but the model's vocabulary only {}",
+            config.vocab_size
+        )));
+    }
+    Ok(())
+}
+
+/// A shard named in model.safetensors.index.json: a file beside it, never a path elsewhere.
+fn check_shard_name(name: &str) -> Result<()> {
+    let plain = !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', ':', '\0']);
+    if plain {
+        Ok(())
+    } else {
+        Err(Error::invalid_model(format!(
+            "model.safetensors.index.json: weight_map names {name:?}, which is not a file name in the model directory"
+        )))
     }
 }
 
@@ -250,10 +282,13 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
         let tc: serde_json::Value = json(&tc, "tokenizer_config.json")?;
         chat_template = tc.get("chat_template").and_then(|v| v.as_str()).map(str::to_owned);
     }
-    let mut eos = cfg.eos_token_id.as_ref().map(eos_ids).unwrap_or_default();
+    let vocab = tokenizer.vocab_size();
+    let mut eos = cfg.eos_token_id.as_ref().map(|v| eos_ids(v, "config.json", vocab)).transpose()?.unwrap_or_default();
     if let Some(gc) = src.read("generation_config.json")? {
         let gc: serde_json::Value = json(&gc, "generation_config.json")?;
-        eos.extend(gc.get("eos_token_id").map(eos_ids).unwrap_or_default());
+        if let Some(v) = gc.get("eos_token_id") {
+            eos.extend(eos_ids(v, "generation_config.json", vocab)?);
+        }
     }
     eos.sort_unstable();
     eos.dedup();
@@ -271,6 +306,7 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
             let mut files: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_owned)).collect();
             files.sort();
             files.dedup();
+            files.iter().try_for_each(|f| check_shard_name(f))?;
             files
         }
         None => vec!["model.safetensors".into()],
@@ -311,6 +347,8 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
         context_length: cfg.max_position_embeddings.unwrap_or(2048),
         tied_embeddings: cfg.tie_word_embeddings || !tensors.contains_key("lm_head.weight"),
     };
+    config.validate()?;
+    check_tokenizer(&tokenizer, &config)?;
     let weights = assemble(config, tensors, &hf_name)?;
     Ok(ModelFile { weights, tokenizer, chat_template })
 }

@@ -130,7 +130,12 @@ impl Tokenizer {
 
     /// A `tokenizer.json`. It names no end-of-generation tokens; set them with [`Self::with_eos`].
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(err)?;
+        // Parsed as JSON first: `tokenizers` 0.23 panics (an `expect` in its decoder's
+        // deserializer) when the decoder object is not valid JSON text, but from an already
+        // parsed value it can only return errors.
+        let json: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| Error::Tokenizer(format!("tokenizer.json is not valid JSON: {e}")))?;
+        let inner: tokenizers::Tokenizer = serde_json::from_value(json).map_err(err)?;
         Ok(Tokenizer {
             inner,
             eos_ids: Vec::new(),

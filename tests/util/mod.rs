@@ -15,6 +15,20 @@ pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1";
 pub const QWEN_05B: &str = "qwen2.5-coder-0.5b-instruct";
 pub const QWEN_15B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
 
+/// Whether a GPU test may run. Without an adapter it skips, saying so, unless
+/// `SAGUARO_REQUIRE_GPU=1` (set in CI, where lavapipe must be there): then a missing adapter is a
+/// failure, so a broken driver install cannot pass the GPU tests unnoticed.
+#[cfg(feature = "gpu")]
+pub fn gpu_available() -> bool {
+    let any = !futures::executor::block_on(saguaro::backend::gpu::list_adapters()).is_empty();
+    if !any {
+        let required = std::env::var("SAGUARO_REQUIRE_GPU").is_ok_and(|v| v == "1");
+        assert!(!required, "SAGUARO_REQUIRE_GPU=1 but wgpu finds no GPU adapter");
+        eprintln!("skipped: no GPU adapter on this machine (set SAGUARO_REQUIRE_GPU=1 to fail instead)");
+    }
+    any
+}
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

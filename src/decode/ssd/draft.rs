@@ -21,7 +21,7 @@ use super::fanout::{self, FanoutPolicy};
 use super::tree::Tree;
 use crate::backend::Batch;
 use crate::decode::speculative::{self, draft_rng, Backup, Drafting, Outcome, Proposal, SpecConfig};
-use crate::decode::Request;
+use crate::decode::{context_of, CancelToken, Request};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::runner::{append, BoxedLm, Lm, Want};
@@ -72,6 +72,8 @@ impl<S> Reply<S> {
 pub struct DraftWorker {
     worker: Worker<Job, Reply<RelSpan>>,
     config: ModelConfig,
+    /// KV slots of the draft model.
+    capacity: usize,
     abandon: Arc<AtomicBool>,
     /// When each job in flight was sent, to place its reply's spans on our clock.
     sent: VecDeque<Instant>,
@@ -82,37 +84,45 @@ impl DraftWorker {
     /// The draft on its own thread, so it computes while the target verifies. On wasm32 without
     /// threads it runs inline instead (see [`DraftWorker::inline`]).
     pub fn new(lm: BoxedLm) -> Result<Self> {
-        let config = lm.config().clone();
+        let (config, capacity) = (lm.config().clone(), lm.capacity());
         let abandon = Arc::new(AtomicBool::new(false));
         let drafter = Drafter { lm, abandon: abandon.clone(), session: None };
         #[cfg(not(target_arch = "wasm32"))]
         let worker = Worker::thread("saguaro-draft", drafter)?;
         #[cfg(target_arch = "wasm32")]
         let worker = Worker::inline(drafter);
-        Ok(DraftWorker::on(worker, config, abandon))
+        Ok(DraftWorker::on(worker, config, capacity, abandon))
     }
 
     /// A draft running elsewhere (a browser Web Worker holding a [`DraftHost`]) with model
     /// `config`, reached through `channel`.
     pub fn remote(channel: Box<dyn Channel<Job, Reply<RelSpan>>>, config: ModelConfig) -> Self {
-        DraftWorker::on(Worker::remote(channel), config, Arc::new(AtomicBool::new(false)))
+        // Its KV capacity is not known here; the host checks the prompt against it at the start
+        // of each generation, and an engine sizes both models' caches alike.
+        DraftWorker::on(Worker::remote(channel), config, usize::MAX, Arc::new(AtomicBool::new(false)))
     }
 
-    fn on(worker: Worker<Job, Reply<RelSpan>>, config: ModelConfig, abandon: Arc<AtomicBool>) -> Self {
-        DraftWorker { worker, config, abandon, sent: VecDeque::new(), last_reply: None }
+    fn on(worker: Worker<Job, Reply<RelSpan>>, config: ModelConfig, capacity: usize, abandon: Arc<AtomicBool>) -> Self {
+        DraftWorker { worker, config, capacity, abandon, sent: VecDeque::new(), last_reply: None }
     }
 
     /// The draft on the caller's thread: its work runs when the target awaits it, so nothing
     /// overlaps, but the tokens are the same.
     pub fn inline(lm: Box<dyn Lm>) -> Self {
-        let config = lm.config().clone();
+        let (config, capacity) = (lm.config().clone(), lm.capacity());
         let abandon = Arc::new(AtomicBool::new(false));
         let drafter = Drafter { lm, abandon: abandon.clone(), session: None };
-        DraftWorker::on(Worker::inline(drafter), config, abandon)
+        DraftWorker::on(Worker::inline(drafter), config, capacity, abandon)
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Tokens the draft can follow after `req`'s prompt, keeping the KV slots `spec`'s
+    /// speculation needs.
+    pub(crate) fn room(&self, req: &Request, spec: &SpecConfig) -> usize {
+        req.room(context_of(&self.config, self.capacity, spec.draft_scratch()))
     }
 
     /// Whether the draft computes at the same time as the target.
@@ -183,6 +193,7 @@ impl OwnedLm for Box<dyn Lm + Send> {
 /// One generation's draft-side state.
 struct Session {
     params: SamplingParams,
+    cancel: CancelToken,
     spec: SpecConfig,
     rng: Rng,
     policy: FanoutPolicy,
@@ -245,6 +256,7 @@ impl<M: OwnedLm> Drafter<M> {
         append(self.lm.get(), &req.prompt, Want::LastLogits).await?;
         self.session = Some(Session {
             params: req.sampling,
+            cancel: req.cancel,
             rng: draft_rng(req.sampling.seed),
             policy: FanoutPolicy::new(spec.fanout.clone(), spec.k),
             spec,
@@ -301,7 +313,10 @@ impl<M: OwnedLm> Drafter<M> {
         let tree = Tree::new(base, tokens.len(), branches);
         let widths = s.policy.widths(depth);
         let mut drafting = Drafting { params: &s.params, rng: &mut s.rng, saguaro: Some((s.spec.saguaro_c, &widths)) };
-        let (speculated, spans) = tree.decode(self.lm.get(), depth, &mut drafting, &self.abandon).await?;
+        // Both the target's end of the generation and a cancel cut the tree short.
+        let abandon = &self.abandon;
+        let stop = || abandon.load(Ordering::Relaxed) || s.cancel.is_cancelled();
+        let (speculated, spans) = tree.decode(self.lm.get(), depth, &mut drafting, &stop).await?;
         s.round = Some(Round { drafted, glue, cache: SpecCache::new(tree.branches(), speculated) });
         Ok(Reply::Speculated { glue: glue_span, tree: spans })
     }

@@ -38,10 +38,11 @@ pub async fn generate_ssd(
 ) -> Result<Generation> {
     check_draft(target.config(), draft.config())?;
     spec.validate()?;
-    req.validate(target, 0)?;
+    let target_room = req.validate(target, 0)?;
+    let room = req.speculative_room(target_room, draft.room(req, spec))?;
     // Replies a cancelled earlier generation left behind.
     draft.finish().await;
-    let generation = run(target, draft, req, spec, sink).await;
+    let generation = run(target, draft, req, spec, room, sink).await;
     draft.finish().await;
     generation
 }
@@ -86,6 +87,7 @@ async fn run(
     draft: &mut DraftWorker,
     req: &Request,
     spec: &SpecConfig,
+    room: usize,
     sink: Sink<'_>,
 ) -> Result<Generation> {
     target.truncate(0);
@@ -99,14 +101,14 @@ async fn run(
     stats.prefill_ms = elapsed_ms(t0);
 
     let t1 = Instant::now();
-    let mut out = Output::new(req, sink);
+    let mut out = Output::new(req, room, sink);
     out.push(&[rec]);
     let mut tally = Tally::new(t1);
     let mut time = DraftTime::default();
-    let (mut lookups, mut hits) = (0usize, 0usize);
+    let (mut lookups, mut hits, mut multi_token_hits) = (0usize, 0usize, 0usize);
     let mut outcome: Option<Outcome> = None;
     while !out.done() {
-        let remaining = req.max_tokens - out.tokens.len();
+        let remaining = out.remaining();
         draft.send(Job::Propose { outcome, rec, depth: spec.k.min(remaining - 1) })?;
         let (proposal, hit, backup) = match draft.recv().await? {
             Reply::Proposal { proposal, hit, backup } => (proposal, hit, backup),
@@ -114,6 +116,7 @@ async fn run(
         };
         lookups += usize::from(hit.is_some());
         hits += usize::from(hit == Some(true));
+        multi_token_hits += usize::from(hit == Some(true) && proposal.tokens.len() >= 2);
         time.busy_ms += backup.map_or(0.0, |s| s.ms());
 
         // This round commits at least the bonus token, so the next one proposes at most
@@ -141,6 +144,7 @@ async fn run(
     tally.write(&mut stats);
     time.write(&mut stats);
     stats.cache_hit_rate = (lookups > 0).then(|| hits as f64 / lookups as f64);
+    stats.multi_token_hits = Some(multi_token_hits);
     stats.finish(out.tokens.len(), decode_ms);
     Ok(out.into_generation(stats))
 }

@@ -8,8 +8,6 @@
 //! base + k + 1 + j (right after the k glue tokens it keeps) and attends to slots
 //! [0, base + k + 1) plus its own tree slots of steps 0..=j.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::backend::{Batch, Mask};
 use crate::decode::speculative::{Drafting, Proposal};
 use crate::error::Result;
@@ -72,13 +70,13 @@ impl Tree {
 
     /// Run `depth` tree steps on the draft and return each branch's drafted tokens (with their
     /// distributions when sampling) and the time each step took. Stops early, with the branches
-    /// cut short, once `abandon` is set (the generation this tree was for has ended).
+    /// cut short, once `stop` says so (the generation this tree was for has ended or is cancelled).
     pub(crate) async fn decode(
         &self,
         lm: &mut dyn Lm,
         depth: usize,
         drafting: &mut Drafting<'_>,
-        abandon: &AtomicBool,
+        stop: &dyn Fn() -> bool,
     ) -> Result<(Vec<Proposal>, Vec<Span>)> {
         let width = self.width();
         let vocab = lm.config().vocab_size;
@@ -87,7 +85,7 @@ impl Tree {
         let mut inputs: Vec<u32> = self.branches.iter().map(|&(_, t)| t).collect();
         let mut spans = Vec::with_capacity(depth);
         for step in 0..depth {
-            if width == 0 || abandon.load(Ordering::Relaxed) {
+            if width == 0 || stop() {
                 break;
             }
             let start = web_time::Instant::now();
