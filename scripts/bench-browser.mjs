@@ -151,7 +151,9 @@ if (counts.size > 1) notes.push(`generated counts differ between runs: ${[...cou
 if (runs.some((r) => r.generated < tokens)) notes.push(`some runs stopped before ${tokens} tokens (finish: ${[...new Set(runs.map((r) => r.finish))].join(', ')})`);
 const sameText = texts.size === 1;
 // Greedy on the same weights: the texts should agree, up to near-ties that the two engines'
-// different arithmetic can break either way. Say where they first part.
+// different arithmetic can break either way. Say where they first part. (The default prompt has
+// one after "... inventor, created": llama.cpp gives " the" -0.8074 and " a" -0.8118 logprob;
+// wllama takes " the", Saguaro " a". Every step decodes one token either way.)
 let textNote = null;
 if (!sameText) {
   const a = runs.find((r) => r.engine === 'wllama')?.text ?? '';

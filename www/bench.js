@@ -111,8 +111,8 @@ async function loadSaguaro() {
 
   return async function run(n) {
     const t0 = performance.now();
-    // Every sampling option spelled out (greedy; a raw prompt, no chat template): the package
-    // built at the time of writing rejected a call without `chat` ("missing field `chat`").
+    // Every sampling option spelled out (greedy; a raw prompt, no chat template), so that the
+    // run does not depend on the package's defaults (one build rejected a call without `chat`).
     const r = await engine.generate(prompt, { mode: 'ar', maxTokens: n, temperature: 0, topK: 0, topP: 1, seed: 0, chat: false });
     const wallMs = performance.now() - t0;
     const s = r.stats;
