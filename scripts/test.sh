@@ -7,8 +7,6 @@ cd "$(dirname "$0")/.."
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 chmod 700 "$XDG_RUNTIME_DIR"
 
-echo "== wasm32 build without simd128 or the JS API (the browser package is built by test-web.sh)"
-cargo build --release --target wasm32-unknown-unknown --lib --no-default-features
 echo "== tests"
 cargo test --release
 echo "== CPU kernel tests on the portable kernels"
