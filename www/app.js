@@ -121,7 +121,7 @@ async function runLane(mode, prompt, opts) {
   });
   const s = result.stats;
   l.out.textContent = result.text;
-  l.set('tps', `${s.tokensPerS.toFixed(1)} tok/s`);
+  l.set('tps', `${s.tokensPerS.toFixed(s.tokensPerS < 1 ? 2 : 1)} tok/s`);
   l.set('tokens', `${s.generated} tokens`);
   if (mode === 'ssd') {
     l.set('accept', `acceptance ${s.acceptanceRate?.toFixed(2) ?? '–'}`);
