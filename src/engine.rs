@@ -103,6 +103,27 @@ pub struct GenerateOptions {
     pub spec: Option<SpecConfig>,
 }
 
+impl GenerateOptions {
+    /// Every value in its range, or an [`Error::InvalidOption`] naming the first that is not.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_tokens == 0 {
+            return Err(Error::option("max_tokens", "must be at least 1"));
+        }
+        self.sampling.validate()?;
+        self.spec.as_ref().map_or(Ok(()), SpecConfig::validate)
+    }
+}
+
+impl EngineOptions {
+    /// Every value in its range, or an [`Error::InvalidOption`] naming the first that is not.
+    pub fn validate(&self) -> Result<()> {
+        if self.context == 0 {
+            return Err(Error::option("context", "must be at least 1 token"));
+        }
+        self.spec.validate()
+    }
+}
+
 impl Default for GenerateOptions {
     fn default() -> Self {
         GenerateOptions { mode: None, max_tokens: 256, sampling: SamplingParams::default(), spec: None }
@@ -167,13 +188,15 @@ impl Engine {
         opts: &EngineOptions,
         wrap: impl FnOnce(BoxedLm) -> BoxedLm,
     ) -> Result<Engine> {
-        opts.spec.validate()?;
+        opts.validate()?;
         if let Some(d) = &draft {
             check_vocab(&target.tokenizer, &d.tokenizer)?;
         }
         let capacity = Self::capacity(&target.weights.config, opts);
         let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
-        let target_lm = wrap(opts.target.runner(&target.weights, capacity).await?);
+        // The target needs no speculation scratch: its cache is exactly the context window.
+        let context = opts.context.min(target.weights.config.context_length);
+        let target_lm = wrap(opts.target.runner(&target.weights, context).await?);
         let separate_draft = draft.is_some();
         let draft_weights = &draft.as_ref().unwrap_or(&target).weights;
         let sd_draft = match wants(Mode::Sd) {
@@ -198,7 +221,7 @@ impl Engine {
         })
     }
 
-    /// KV slots a model needs for `opts`: the context plus the draft's speculation scratch.
+    /// KV slots a draft needs for `opts`: the context plus the speculation scratch.
     pub fn capacity(config: &ModelConfig, opts: &EngineOptions) -> usize {
         opts.context.min(config.context_length) + opts.spec.draft_scratch()
     }
@@ -281,6 +304,7 @@ impl Engine {
         opts: &GenerateOptions,
         on_text: &mut dyn FnMut(&str, usize) -> bool,
     ) -> Result<Completion> {
+        opts.validate()?;
         let ids = self.encode(prompt)?;
         let mode = opts.mode.unwrap_or_else(|| self.default_mode());
         let spec = match &opts.spec {

@@ -21,6 +21,10 @@ pub enum Error {
     IncompatibleDraft(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A request or engine setting outside its valid range. `option` is its name in snake_case;
+    /// each front-end spells it its own way (the CLI's `--top-p`, the JS API's `topP`).
+    #[error("invalid {option}: {reason}")]
+    InvalidOption { option: &'static str, reason: String },
     #[error("prompt of {prompt} tokens plus {requested} new tokens exceeds the context of {context} tokens")]
     ContextOverflow {
         prompt: usize,
@@ -49,13 +53,20 @@ impl Error {
         match self {
             Error::Io { .. } | Error::InvalidModel(_) | Error::Unsupported(_) | Error::Tokenizer(_) => "bad_model",
             Error::IncompatibleDraft(_) => "vocab_mismatch",
-            Error::InvalidArgument(_) | Error::ContextOverflow { .. } | Error::PromptTooLong { .. } => "invalid_argument",
+            Error::InvalidArgument(_)
+            | Error::InvalidOption { .. }
+            | Error::ContextOverflow { .. }
+            | Error::PromptTooLong { .. } => "invalid_argument",
             Error::Cancelled => "aborted",
             Error::Gpu(_) => "gpu_error",
             Error::DeviceLost(_) => "device_lost",
             Error::OutOfMemory(_) => "out_of_memory",
             Error::Worker(_) => "internal",
         }
+    }
+
+    pub(crate) fn option(option: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidOption { option, reason: reason.into() }
     }
 
     pub(crate) fn invalid_model(msg: impl Into<String>) -> Self {

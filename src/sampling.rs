@@ -38,16 +38,12 @@ impl SamplingParams {
     pub fn validate(&self) -> Result<()> {
         let t = self.temperature;
         if !t.is_finite() || t < 0.0 {
-            return Err(Error::InvalidArgument(format!(
-                "temperature must be a finite number >= 0 (0 means greedy), got {t}"
-            )));
+            return Err(Error::option("temperature", format!("must be a finite number >= 0 (0 means greedy), got {t}")));
         }
         let p = self.top_p;
         // Written as a negated range test so that NaN is rejected too.
         if !(p > 0.0 && p <= 1.0) {
-            return Err(Error::InvalidArgument(format!(
-                "top_p must be in (0, 1] (1 disables it), got {p}"
-            )));
+            return Err(Error::option("top_p", format!("must be in (0, 1] (1 disables it), got {p}")));
         }
         Ok(())
     }
@@ -591,13 +587,13 @@ mod tests {
         assert!(!params(0.7, 40, 0.9).is_greedy());
         for bad in [params(-0.1, 0, 1.0), params(f32::NAN, 0, 1.0), params(f32::INFINITY, 0, 1.0)] {
             match bad.validate() {
-                Err(Error::InvalidArgument(m)) => assert!(m.contains("temperature"), "{m}"),
+                Err(Error::InvalidOption { option, reason }) => assert_eq!(option, "temperature", "{reason}"),
                 other => panic!("{bad:?} accepted: {other:?}"),
             }
         }
         for bad in [params(1.0, 0, 0.0), params(1.0, 0, 1.5), params(1.0, 0, -0.2), params(1.0, 0, f32::NAN)] {
             match bad.validate() {
-                Err(Error::InvalidArgument(m)) => assert!(m.contains("top_p"), "{m}"),
+                Err(Error::InvalidOption { option, reason }) => assert_eq!(option, "top_p", "{reason}"),
                 other => panic!("{bad:?} accepted: {other:?}"),
             }
         }

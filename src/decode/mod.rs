@@ -69,10 +69,10 @@ impl Request {
     pub fn validate(&self, lm: &dyn Lm, scratch: usize) -> Result<usize> {
         self.sampling.validate()?;
         if self.prompt.is_empty() {
-            return Err(Error::InvalidArgument("the prompt is empty".into()));
+            return Err(Error::option("prompt", "is empty: there is nothing to continue"));
         }
         if self.max_tokens == 0 {
-            return Err(Error::InvalidArgument("max_tokens must be at least 1".into()));
+            return Err(Error::option("max_tokens", "must be at least 1"));
         }
         let vocab = lm.config().vocab_size;
         if let Some(&t) = self.prompt.iter().find(|&&t| t as usize >= vocab) {

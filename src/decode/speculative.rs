@@ -38,7 +38,7 @@ impl FromStr for Mode {
             "ar" => Ok(Mode::Ar),
             "sd" => Ok(Mode::Sd),
             "ssd" => Ok(Mode::Ssd),
-            _ => Err(Error::InvalidArgument(format!("mode '{s}': expected ar, sd or ssd"))),
+            _ => Err(Error::option("mode", format!("'{s}': expected ar, sd or ssd"))),
         }
     }
 }
@@ -71,7 +71,7 @@ impl FromStr for Backup {
         match s {
             "jit" => Ok(Backup::Jit),
             "fast" => Ok(Backup::Fast),
-            _ => Err(Error::InvalidArgument(format!("backup '{s}': expected jit or fast"))),
+            _ => Err(Error::option("backup", format!("'{s}': expected jit or fast"))),
         }
     }
 }
@@ -130,11 +130,11 @@ impl SpecConfig {
 
     pub fn validate(&self) -> Result<()> {
         if self.k == 0 || self.k > 64 {
-            return Err(Error::InvalidArgument(format!("draft tokens per round must be in 1..=64, got {}", self.k)));
+            return Err(Error::option("spec_k", format!("draft tokens per round must be in 1..=64, got {}", self.k)));
         }
         let c = self.saguaro_c;
         if !(0.0..=1.0).contains(&c) {
-            return Err(Error::InvalidArgument(format!("the Saguaro factor C must be in [0, 1], got {c}")));
+            return Err(Error::option("saguaro_c", format!("must be in [0, 1] (1 disables it), got {c}")));
         }
         self.fanout.validate()
     }

@@ -81,9 +81,11 @@ fn prompt_text(args: &GenerateArgs) -> Result<String> {
 fn generate(args: &GenerateArgs) -> Result<()> {
     let text = prompt_text(args)?;
     let mode = args.mode.unwrap_or(if args.engine.draft.is_some() { Mode::Ssd } else { Mode::Ar });
+    let opts = GenerateOptions { mode: Some(mode), max_tokens: args.sampling.max_tokens, sampling: args.sampling.params(), spec: None };
+    // Checked before the models load, so a bad value is reported at once.
+    opts.validate()?;
     let mut engine = args.engine.engine(&[mode])?;
     let prompt = if args.chat { Prompt::Chat(vec![ChatMessage::new("user", &text)]) } else { Prompt::Text(text) };
-    let opts = GenerateOptions { mode: Some(mode), max_tokens: args.sampling.max_tokens, sampling: args.sampling.params(), spec: None };
     let mut stdout = std::io::stdout().lock();
     let json = args.json;
     let c = block_on(engine.generate(&prompt, &opts, &mut |piece, _| {
@@ -128,6 +130,11 @@ fn main() -> ExitCode {
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        // The library names options in snake_case; here they are the flags the user typed.
+        Err(Error::InvalidOption { option, reason }) => {
+            eprintln!("error: --{}: {reason}", option.replace('_', "-"));
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

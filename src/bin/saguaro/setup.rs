@@ -70,10 +70,10 @@ pub struct EngineArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
     /// CPU threads for the target (0 = all cores).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub threads: usize,
     /// CPU threads for the draft (0 = all cores).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub draft_threads: usize,
     /// Activation precision of the target on the CPU: exact (two 8-bit parts, logits within 0.003
     /// of an f32 computation) or fast (one 8-bit part as llama.cpp uses: less work per token,
@@ -85,7 +85,7 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = PrecisionArg::Fast)]
     pub draft_precision: PrecisionArg,
     /// Draft tokens per round (K).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
     pub spec_k: usize,
     /// SSD fan-out: uniform:F (F candidates per outcome), geometric (the paper's allocation from
     /// the measured acceptance rate), or top-p:P (candidate sets holding draft mass P, dynamic budget).
@@ -93,32 +93,34 @@ pub struct EngineArgs {
     pub fanout: Fanout,
     /// Saguaro sampling factor C in [0, 1] (temperature > 0): the draft scales down its own top
     /// candidates so rejections land on cached bonus tokens more often. 1 = off.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub saguaro_c: f32,
     /// SSD on a cache miss: jit (draft K tokens now) or fast (verify the bonus token alone).
     #[arg(long, default_value = "jit")]
     pub backup: Backup,
     /// KV-cache size in tokens (prompt + output), capped by the model's context length.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
     pub context: usize,
 }
 
+// Numeric options take `allow_negative_numbers`: clap would read `-1` as an unknown flag, while
+// as a value it reaches the check that names the option and its range.
 #[derive(Args)]
 pub struct SamplingArgs {
     /// Maximum number of tokens to generate.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 means greedy (deterministic).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches P (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Random seed: the same seed gives the same output.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub seed: u64,
 }
 
@@ -162,7 +164,8 @@ impl EngineArgs {
             modes: modes.to_vec(),
             ..EngineOptions::default()
         };
-        opts.spec.validate()?;
+        // Checked before the models load, so a bad value is reported at once.
+        opts.validate()?;
         let target = load(&self.target, "target")?;
         let draft = self.draft.as_deref().map(|p| load(p, "draft")).transpose()?;
         let t = Instant::now();

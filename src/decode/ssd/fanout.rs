@@ -57,7 +57,7 @@ impl Default for Fanout {
 
 impl Fanout {
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidArgument(m));
+        let bad = |m: String| Err(Error::option("fanout", m));
         match *self {
             Fanout::Uniform(0) => bad("uniform fan-out needs at least 1 candidate per position".into()),
             Fanout::Geometric(Some(0)) => bad("geometric fan-out needs a budget of at least 1 branch".into()),
@@ -83,7 +83,7 @@ impl FromStr for Fanout {
     /// `uniform:F`, `geometric`, `geometric:B` or `top-p:P`.
     fn from_str(s: &str) -> Result<Self> {
         let bad =
-            || Error::InvalidArgument(format!("fan-out '{s}': expected uniform:F, geometric, geometric:B or top-p:P"));
+            || Error::option("fanout", format!("'{s}': expected uniform:F, geometric, geometric:B or top-p:P"));
         let (name, arg) = match s.split_once(':') {
             Some((n, a)) => (n, Some(a)),
             None => (s, None),

@@ -1,0 +1,83 @@
+//! Memory does not grow from call to call: resident memory before and after 20 generate calls on
+//! one engine, with the target on the CPU and on the GPU. One test in this binary, so no other
+//! test allocates while it measures.
+
+mod util;
+
+use futures::executor::block_on;
+
+use saguaro::backend::cpu::{CpuBackend, Precision};
+use saguaro::backend::gpu::{GpuBackend, GpuOptions};
+use saguaro::decode::{generate_ar, generate_ssd, Backup, DraftWorker, Request, SpecConfig};
+use saguaro::model::load::ModelFile;
+use saguaro::model::runner::{Lm, Runner};
+use saguaro::model::transformer::Transformer;
+use saguaro::sampling::SamplingParams;
+
+const CALLS: usize = 20;
+/// Growth allowed over 20 calls: allocator and driver bookkeeping, far below what keeping one
+/// call's KV cache (SmolLM2: 46 KB per token) or logits (192 KB) per call would add.
+const BOUND_KB: u64 = 4096;
+const CAPACITY: usize = 128;
+
+/// This process's resident set size (Linux).
+fn rss_kb() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status (Linux)");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("a VmRSS line");
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS in kB")
+}
+
+/// Run `call` once to warm up (caches, pools and pipelines are created on first use), then
+/// `CALLS` times, and check resident memory did not grow beyond `BOUND_KB`.
+fn assert_no_growth(what: &str, mut call: impl FnMut()) {
+    call();
+    let before = rss_kb();
+    for _ in 0..CALLS {
+        call();
+    }
+    let after = rss_kb();
+    let growth = after as i64 - before as i64;
+    eprintln!("{what}: resident {before} kB before and {after} kB after {CALLS} calls ({growth:+} kB)");
+    assert!(growth <= BOUND_KB as i64, "{what}: resident memory grew by {growth} kB over {CALLS} calls");
+}
+
+fn request(m: &ModelFile, max_tokens: usize) -> Request {
+    Request {
+        prompt: m.tokenizer.encode("def fibonacci(n):").unwrap(),
+        max_tokens,
+        sampling: SamplingParams { temperature: 0.8, seed: 5, ..SamplingParams::default() },
+        ..Request::default()
+    }
+}
+
+fn cpu(m: &ModelFile, capacity: usize) -> Runner<CpuBackend> {
+    let backend = CpuBackend::new(0).unwrap().with_precision(Precision::Fast);
+    Runner::new(Transformer::new(backend, &m.weights).unwrap(), capacity).unwrap()
+}
+
+#[test]
+fn resident_memory_does_not_grow_over_calls() {
+    let m = util::model(util::SMOLLM2);
+    let spec = SpecConfig::new(3, "uniform:2".parse().unwrap(), 1.0, Backup::Jit);
+    let req = request(&m, 16);
+
+    let mut target = cpu(&m, CAPACITY);
+    let mut worker = DraftWorker::new(Box::new(cpu(&m, CAPACITY + spec.draft_scratch()))).unwrap();
+    assert_no_growth("CPU, AR and SSD", || {
+        block_on(generate_ar(&mut target, &req, &mut |_| true)).unwrap();
+        block_on(generate_ssd(&mut target, &mut worker, &req, &spec, &mut |_| true)).unwrap();
+    });
+
+    if !util::gpu_available() {
+        return;
+    }
+    let gpu = block_on(GpuBackend::new(GpuOptions::default())).unwrap();
+    let mut target = Runner::new(Transformer::new(gpu, &m.weights).unwrap(), CAPACITY).unwrap();
+    // A GPU forward of SmolLM2 takes about a second on lavapipe: two tokens per call (prefill
+    // and one decode) cover both kinds of forward and their read-backs.
+    let req = request(&m, 2);
+    let what = format!("GPU ({}), AR", target.backend_name());
+    assert_no_growth(&what, || {
+        block_on(generate_ar(&mut target, &req, &mut |_| true)).unwrap();
+    });
+}
