@@ -3,6 +3,8 @@
 //! [`Lm`]; they never touch kernels.
 
 pub mod autoregressive;
+pub mod drafter;
+pub mod ngram;
 pub mod speculative;
 pub mod ssd;
 
@@ -13,7 +15,9 @@ use crate::model::runner::Lm;
 use crate::sampling::SamplingParams;
 
 pub use autoregressive::generate_ar;
-pub use speculative::{generate_sd, Backup, Fanout, Mode, SpecConfig};
+pub use drafter::{Drafter, ModelDrafter};
+pub use ngram::{NgramConfig, PromptLookup};
+pub use speculative::{generate_sd, generate_sd_with, Backup, Fanout, Mode, SpecConfig};
 pub use ssd::{generate_ssd, DraftWorker};
 
 /// What to generate.

@@ -9,6 +9,7 @@ use std::str::FromStr;
 use web_time::Instant;
 
 use super::autoregressive::pick;
+use super::drafter::{Drafter, ModelDrafter};
 use super::ssd::tree::Tree;
 use super::{elapsed_ms, Generation, Output, Request, Sink, Stats};
 use crate::backend::Batch;
@@ -299,18 +300,29 @@ pub async fn generate_sd(
     sink: Sink<'_>,
 ) -> Result<Generation> {
     check_draft(target.config(), draft.config())?;
+    req.validate(draft, 0)?;
+    generate_sd_with(target, &mut ModelDrafter::new(draft), req, spec, sink).await
+}
+
+/// Speculative decoding of `req` on `target` with proposals of up to `spec.k` tokens from
+/// `drafter`.
+pub async fn generate_sd_with(
+    target: &mut dyn Lm,
+    drafter: &mut dyn Drafter,
+    req: &Request,
+    spec: &SpecConfig,
+    sink: Sink<'_>,
+) -> Result<Generation> {
     spec.validate()?;
     req.validate(target, 0)?;
-    req.validate(draft, 0)?;
     target.truncate(0);
-    draft.truncate(0);
     let mut rng = Rng::new(req.sampling.seed);
     let mut drng = draft_rng(req.sampling.seed);
     let mut stats = Stats { mode: "sd".into(), prompt_tokens: req.prompt.len(), ..Stats::default() };
     let t0 = Instant::now();
     let logits = append(target, &req.prompt, Want::LastLogits).await?.logits();
     let mut rec = pick(&logits, req, &mut rng);
-    append(draft, &req.prompt, Want::LastLogits).await?;
+    drafter.start(&req.prompt).await?;
     stats.prefill_ms = elapsed_ms(t0);
 
     let t1 = Instant::now();
@@ -318,35 +330,21 @@ pub async fn generate_sd(
     out.push(&[rec]);
     let mut tally = Tally::default();
     let mut draft_ms = 0.0;
-    // Committed tokens the draft's cache does not hold yet.
-    let mut pending = Vec::new();
     while !out.done() {
         let n = spec.k.min(req.max_tokens - out.tokens.len() - 1);
-        let start = draft.len();
-        let mut feed = std::mem::take(&mut pending);
-        feed.push(rec);
         let td = Instant::now();
-        let mut drafting = Drafting { params: &req.sampling, rng: &mut drng, saguaro: None };
-        let proposal = self::draft(draft, &feed, n, &mut drafting).await?;
+        let proposal = drafter.propose(rec, n, &req.sampling, &mut drng).await?;
         draft_ms += elapsed_ms(td);
 
         let tv = Instant::now();
         let o = verify(target, rec, &proposal, &req.sampling, &mut rng, spec.fault).await?;
         let verify_ms = elapsed_ms(tv);
 
-        // The draft's cache holds feed and s1..s(n-1); keep what was committed.
-        if n == 0 {
-            pending = feed;
-        } else {
-            draft.truncate(start + feed.len() + o.accepted.min(n - 1));
-            if o.accepted == n {
-                pending.push(proposal.tokens[n - 1]);
-            }
-        }
+        drafter.accept(&proposal, o.accepted);
         let mut toks = proposal.tokens[..o.accepted].to_vec();
         toks.push(o.bonus);
         let committed = out.push(&toks);
-        tally.round(n, o, committed, verify_ms);
+        tally.round(proposal.tokens.len(), o, committed, verify_ms);
         rec = o.bonus;
     }
     let decode_ms = elapsed_ms(t1);
