@@ -42,6 +42,20 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A stable name for the kind of error, for programs (the JS API's `error.code`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Io { .. } | Error::InvalidModel(_) | Error::Unsupported(_) | Error::Tokenizer(_) => "bad_model",
+            Error::IncompatibleDraft(_) => "vocab_mismatch",
+            Error::InvalidArgument(_) | Error::ContextOverflow { .. } => "invalid_argument",
+            Error::Cancelled => "aborted",
+            Error::Gpu(_) => "gpu_error",
+            Error::DeviceLost(_) => "device_lost",
+            Error::OutOfMemory(_) => "out_of_memory",
+            Error::Worker(_) => "internal",
+        }
+    }
+
     pub(crate) fn invalid_model(msg: impl Into<String>) -> Self {
         Error::InvalidModel(msg.into())
     }

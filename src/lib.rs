@@ -4,13 +4,19 @@
 //! Layering (top to bottom): [`decode`] strategies drive models through [`model::runner::Lm`];
 //! [`model`] holds what a model is and its forward pass, written once over [`backend::Backend`];
 //! backends run the ops. [`kv`] is KV-cache bookkeeping, [`sampling`] turns logits into tokens.
+//! [`engine::Engine`] ties them together (models placed on backends, tokenizer, chat template,
+//! mode choice, streaming text); the CLI and the JS API are thin front-ends over it.
 
 pub mod backend;
 pub mod decode;
+pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod model;
 pub mod runtime;
 pub mod sampling;
+#[cfg(all(target_arch = "wasm32", feature = "wasm"))]
+pub mod wasm;
 
+pub use engine::{Completion, Engine, EngineOptions, GenerateOptions, Prompt};
 pub use error::{Error, Result};

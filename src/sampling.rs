@@ -17,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::error::{Error, Result};
 
 /// How to turn logits into a token.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 means greedy decoding.
     pub temperature: f32,

@@ -11,13 +11,21 @@
 //! compute the same integer sums, so they must agree to `1e-5 Σ_j |w_j x_j|`. Random weight bytes
 //! reach the extremes of every format (Q6_K scales of -128, 6-bit values of 0 and 63) that bound the
 //! kernels' i32 partial sums.
+//!
+//! The same tests run in headless Chromium on wasm32 (`scripts/test-wasm.sh`), where the best
+//! kernels are the simd128 ones.
 
-mod util;
+#[path = "util/rand.rs"]
+#[allow(dead_code)]
+mod rand;
 
 use saguaro::backend::cpu::{matmul_with, CpuPool, KernelPath, Precision};
 use saguaro::backend::random_weight;
 use saguaro::model::quant::{self, DType};
-use util::rand::TestRng;
+use rand::TestRng;
+
+#[cfg(target_arch = "wasm32")]
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 /// The reference dot product and the error it allows (see the module doc).
 fn reference(dtype: DType, precision: Precision, w: &[f32], x: &[f32]) -> (f64, f64) {
@@ -82,7 +90,8 @@ fn check_format(dtype: DType, precision: Precision, pool: &CpuPool) {
     }
 }
 
-#[test]
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn every_format_matches_the_reference() {
     let pool = CpuPool::new(3).unwrap();
     for dtype in DType::ALL {
@@ -90,7 +99,8 @@ fn every_format_matches_the_reference() {
     }
 }
 
-#[test]
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn fast_precision_stays_within_its_bound() {
     let pool = CpuPool::new(2).unwrap();
     for dtype in DType::ALL {
@@ -98,7 +108,8 @@ fn fast_precision_stays_within_its_bound() {
     }
 }
 
-#[test]
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn single_thread_and_wide_rows() {
     // One thread, and rows long enough that activation blocks vary widely in scale.
     let pool = CpuPool::new(1).unwrap();

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use saguaro::model::gguf::Gguf;
-use saguaro::model::tokenizer::{apply_chat_template, StreamDecoder, Tokenizer};
+use saguaro::model::tokenizer::{apply_chat_template, ChatMessage, StreamDecoder, Tokenizer};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -207,7 +207,11 @@ fn qwen_chat_template() {
     let m = model("qwen");
     let template = m.chat_template.as_deref().expect("Qwen GGUF has a chat template");
     let (bos, eos) = (m.tok.bos_token(), m.tok.eos_token());
-    let render = |system| apply_chat_template(template, system, "hi", bos.as_deref(), eos.as_deref()).unwrap();
+    let render = |system: Option<&str>| {
+        let mut messages: Vec<_> = system.map(|s| ChatMessage::new("system", s)).into_iter().collect();
+        messages.push(ChatMessage::new("user", "hi"));
+        apply_chat_template(template, &messages, bos.as_deref(), eos.as_deref()).unwrap()
+    };
     assert_eq!(
         render(None),
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
@@ -224,7 +228,7 @@ fn smollm_chat_template() {
     let m = model("smollm");
     let template = m.chat_template.as_deref().expect("SmolLM2 GGUF has a chat template");
     assert_eq!(
-        apply_chat_template(template, None, "hi", None, None).unwrap(),
+        apply_chat_template(template, &[ChatMessage::new("user", "hi")], None, None).unwrap(),
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
          <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     );

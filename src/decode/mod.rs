@@ -18,10 +18,10 @@ pub use autoregressive::generate_ar;
 pub use drafter::{Drafter, ModelDrafter};
 pub use ngram::{NgramConfig, PromptLookup};
 pub use speculative::{generate_sd, generate_sd_with, Backup, Fanout, Mode, SpecConfig};
-pub use ssd::{generate_ssd, DraftWorker};
+pub use ssd::{generate_ssd, DraftHost, DraftWorker};
 
 /// What to generate.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
@@ -89,6 +89,23 @@ pub struct Stats {
     pub tree_step_ms_mean: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub glue_ms_mean: Option<f64>,
+    /// SD/SSD: each round's times, for drawing how draft and target overlap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Vec<RoundTimes>>,
+}
+
+/// One SD/SSD round, in ms from the start of decoding (after the prefill).
+#[derive(Clone, Debug, Serialize)]
+pub struct RoundTimes {
+    /// The target's verification forward.
+    pub verify: [f64; 2],
+    /// The draft's work on this round: SD's drafting before the verify; SSD's glue pass and
+    /// tree for the next round, which runs during the verify.
+    pub draft: Option<[f64; 2]>,
+    pub proposed: usize,
+    pub accepted: usize,
+    /// SSD: whether the proposal came from the speculation cache.
+    pub hit: Option<bool>,
 }
 
 impl Stats {

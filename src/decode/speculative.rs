@@ -11,11 +11,12 @@ use web_time::Instant;
 use super::autoregressive::pick;
 use super::drafter::{Drafter, ModelDrafter};
 use super::ssd::tree::Tree;
-use super::{elapsed_ms, Generation, Output, Request, Sink, Stats};
+use super::{elapsed_ms, Generation, Output, Request, RoundTimes, Sink, Stats};
 use crate::backend::Batch;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::runner::{append, Lm, Want};
+use crate::runtime::Span;
 use crate::sampling::{self, Rng, SamplingParams};
 
 pub use super::ssd::fanout::Fanout;
@@ -54,7 +55,7 @@ impl fmt::Display for Mode {
 }
 
 /// What SSD does when the verification outcome is not in the speculation cache.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Backup {
     /// Draft K tokens now, as SD does; the target waits for them.
     #[default]
@@ -87,7 +88,7 @@ impl fmt::Display for Backup {
 
 /// A deliberately wrong verifier, for the statistical tests to prove they would notice one.
 #[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Fault {
     /// After a rejection, draw the bonus token from the target's distribution p instead of the
     /// residual norm(max(0, p - q)).
@@ -95,7 +96,7 @@ pub enum Fault {
 }
 
 /// How SD and SSD speculate.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SpecConfig {
     /// Draft tokens per round (K).
     pub k: usize,
@@ -153,7 +154,7 @@ pub fn check_draft(target: &ModelConfig, draft: &ModelConfig) -> Result<()> {
 
 /// Draft tokens and, when sampling, the distribution (over the whole vocabulary) each one was
 /// drawn from: verification needs exactly that distribution.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Proposal {
     pub tokens: Vec<u32>,
     /// Empty when greedy.
@@ -161,7 +162,7 @@ pub struct Proposal {
 }
 
 /// The verification outcome v = (k, t*).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Outcome {
     /// Draft tokens accepted (k).
     pub accepted: usize,
@@ -260,24 +261,46 @@ pub(crate) fn draft_rng(seed: u64) -> Rng {
 }
 
 /// What SD and SSD count across rounds.
-#[derive(Default)]
 pub(crate) struct Tally {
+    /// The start of decoding, which the timeline counts from.
+    origin: Instant,
     rounds: usize,
     proposed: usize,
     accepted: usize,
     committed: usize,
     verify_ms: f64,
+    timeline: Vec<RoundTimes>,
 }
 
 impl Tally {
+    pub fn new(origin: Instant) -> Self {
+        Tally { origin, rounds: 0, proposed: 0, accepted: 0, committed: 0, verify_ms: 0.0, timeline: Vec::new() }
+    }
+
+    fn times(&self, s: Span) -> [f64; 2] {
+        let ms = |t: Instant| t.saturating_duration_since(self.origin).as_secs_f64() * 1000.0;
+        [ms(s.start), ms(s.end)]
+    }
+
     /// A round that proposed `proposed` tokens, had `outcome`, committed `committed` tokens to
-    /// the output and whose verify forward took `verify_ms`.
-    pub fn round(&mut self, proposed: usize, outcome: Outcome, committed: usize, verify_ms: f64) {
+    /// the output and whose verify forward took `verify`; `draft` is the draft's work on it, if
+    /// known yet ([`Tally::drafted`] adds it later), `hit` whether SSD's cache held it.
+    pub fn round(&mut self, proposed: usize, outcome: Outcome, committed: usize, verify: Span, draft: Option<Span>, hit: Option<bool>) {
         self.rounds += 1;
         self.proposed += proposed;
         self.accepted += outcome.accepted;
         self.committed += committed;
-        self.verify_ms += verify_ms;
+        self.verify_ms += verify.ms();
+        let (verify, draft) = (self.times(verify), draft.map(|d| self.times(d)));
+        self.timeline.push(RoundTimes { verify, draft, proposed, accepted: outcome.accepted, hit });
+    }
+
+    /// The draft's work on the last round, once it is known.
+    pub fn drafted(&mut self, draft: Span) {
+        let t = self.times(draft);
+        if let Some(r) = self.timeline.last_mut() {
+            r.draft = Some(t);
+        }
     }
 
     pub fn write(&self, stats: &mut Stats) {
@@ -287,6 +310,7 @@ impl Tally {
         stats.mean_accepted = per(self.committed as f64, self.rounds);
         stats.target_busy_ms = self.verify_ms;
         stats.verify_ms_mean = per(self.verify_ms, self.rounds);
+        stats.timeline = Some(self.timeline.clone());
     }
 }
 
@@ -328,23 +352,24 @@ pub async fn generate_sd_with(
     let t1 = Instant::now();
     let mut out = Output::new(req, sink);
     out.push(&[rec]);
-    let mut tally = Tally::default();
+    let mut tally = Tally::new(t1);
     let mut draft_ms = 0.0;
     while !out.done() {
         let n = spec.k.min(req.max_tokens - out.tokens.len() - 1);
         let td = Instant::now();
         let proposal = drafter.propose(rec, n, &req.sampling, &mut drng).await?;
-        draft_ms += elapsed_ms(td);
+        let draft_span = Span::since(td);
+        draft_ms += draft_span.ms();
 
         let tv = Instant::now();
         let o = verify(target, rec, &proposal, &req.sampling, &mut rng, spec.fault).await?;
-        let verify_ms = elapsed_ms(tv);
+        let verify_span = Span::since(tv);
 
         drafter.accept(&proposal, o.accepted);
         let mut toks = proposal.tokens[..o.accepted].to_vec();
         toks.push(o.bonus);
         let committed = out.push(&toks);
-        tally.round(proposal.tokens.len(), o, committed, verify_ms);
+        tally.round(proposal.tokens.len(), o, committed, verify_span, Some(draft_span), None);
         rec = o.bonus;
     }
     let decode_ms = elapsed_ms(t1);

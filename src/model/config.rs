@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Arch {
     Llama,
     Qwen2,
@@ -20,7 +20,7 @@ impl Arch {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelConfig {
     pub arch: Arch,
     pub n_layers: usize,

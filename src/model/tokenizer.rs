@@ -165,6 +165,21 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// A hash of the whole vocabulary (every id's token): two tokenizers that agree on it map
+    /// ids to the same strings, which is what a draft and its target must share. For a draft
+    /// in another worker, where the tokenizers cannot be compared directly.
+    pub fn vocab_fingerprint(&self) -> String {
+        const FNV_PRIME: u64 = 0x100_0000_01b3;
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let n = self.vocab_size() as u32;
+        for id in 0..n {
+            for b in self.id_to_token(id).unwrap_or_default().bytes().chain([0xff]) {
+                h = (h ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+            }
+        }
+        format!("{n}:{h:016x}")
+    }
+
     /// Token ids that end generation.
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids
@@ -245,12 +260,25 @@ impl<'a> StreamDecoder<'a> {
     }
 }
 
-/// Render a chat template (Jinja, minijinja) for one user message (and optional system message),
-/// with `add_generation_prompt = true`.
+/// One message of a conversation, as chat templates (and OpenAI-style APIs) take them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+}
+
+/// Render a chat template (Jinja, minijinja) for a conversation, with
+/// `add_generation_prompt = true` so the model answers as the assistant next.
 pub fn apply_chat_template(
     template: &str,
-    system: Option<&str>,
-    user: &str,
+    messages: &[ChatMessage],
     bos: Option<&str>,
     eos: Option<&str>,
 ) -> Result<String> {
@@ -265,11 +293,7 @@ pub fn apply_chat_template(
     env.add_function("raise_exception", |msg: String| -> Result<(), minijinja::Error> {
         Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
     });
-    let messages: Vec<_> = system
-        .map(|s| context! { role => "system", content => s })
-        .into_iter()
-        .chain([context! { role => "user", content => user }])
-        .collect();
+    let messages: Vec<_> = messages.iter().map(|m| context! { role => m.role.as_str(), content => m.content.as_str() }).collect();
     // An absent token must be undefined, which renders as "", not none, which renders as "none".
     let token = |t: Option<&str>| t.map_or(JinjaValue::UNDEFINED, JinjaValue::from);
     let ctx = context! {
@@ -317,13 +341,13 @@ mod tests {
     fn chat_template_with_system_message_and_tokens() {
         let t = "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}\n{% endfor %}\
                  {% if add_generation_prompt %}[assistant]{% endif %}";
-        let out = apply_chat_template(t, Some("be brief"), "hi", Some("<s>"), None).unwrap();
+        let out = apply_chat_template(t, &[ChatMessage::new("system", "be brief"), ChatMessage::new("user", "hi")], Some("<s>"), None).unwrap();
         assert_eq!(out, "<s>[system]be brief\n[user]hi\n[assistant]");
     }
 
     #[test]
     fn chat_template_raise_exception_is_an_error() {
-        let e = apply_chat_template("{{ raise_exception('no system role') }}", None, "hi", None, None).unwrap_err();
+        let e = apply_chat_template("{{ raise_exception('no system role') }}", &[ChatMessage::new("user", "hi")], None, None).unwrap_err();
         assert!(e.to_string().contains("no system role"), "{e}");
     }
 }

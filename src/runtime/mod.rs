@@ -8,8 +8,9 @@
 //! - on wasm32 without threads, a worker is inline: a job runs on the caller's thread when its
 //!   reply is awaited. The results are identical; only the overlap is lost.
 //!
-//! A browser Web Worker fits the same shape as a third placement: jobs and replies are plain data
-//! (no references), so they can cross `postMessage`; the caller side is already asynchronous.
+//! - remote: the service lives elsewhere (a browser Web Worker) behind a [`Channel`] that carries
+//!   jobs and replies as plain data across `postMessage`. Its clock is not ours, so replies
+//!   measure time as [`RelSpan`]s, durations from the moment the job began.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -27,6 +28,12 @@ pub trait Service: 'static {
     type Job: Send + 'static;
     type Reply: Send + 'static;
     fn handle(&mut self, job: Self::Job) -> LocalBoxFuture<'_, Result<Self::Reply>>;
+}
+
+/// The caller's end of a link to a service running elsewhere: jobs out, replies back in order.
+pub trait Channel<J, R> {
+    fn send(&mut self, job: J) -> Result<()>;
+    fn recv(&mut self) -> LocalBoxFuture<'_, Result<R>>;
 }
 
 /// A handle to a service running on a worker. Jobs are handled in the order they are sent; every
@@ -49,6 +56,7 @@ enum Place<J, R> {
         service: Box<dyn Service<Job = J, Reply = R>>,
         queue: VecDeque<J>,
     },
+    Remote(Box<dyn Channel<J, R>>),
 }
 
 impl<J: Send + 'static, R: Send + 'static> Worker<J, R> {
@@ -83,6 +91,11 @@ impl<J: Send + 'static, R: Send + 'static> Worker<J, R> {
         Worker { place: Place::Inline { service: Box::new(service), queue: VecDeque::new() }, in_flight: 0 }
     }
 
+    /// A service reached through `channel`; it runs concurrently with the caller.
+    pub fn remote(channel: Box<dyn Channel<J, R>>) -> Self {
+        Worker { place: Place::Remote(channel), in_flight: 0 }
+    }
+
     /// Whether jobs run concurrently with the caller.
     pub fn is_concurrent(&self) -> bool {
         !matches!(self.place, Place::Inline { .. })
@@ -96,6 +109,7 @@ impl<J: Send + 'static, R: Send + 'static> Worker<J, R> {
                 .and_then(|jobs| jobs.unbounded_send(job).ok())
                 .ok_or_else(|| Error::Worker("the worker thread has stopped".into()))?,
             Place::Inline { queue, .. } => queue.push_back(job),
+            Place::Remote(channel) => channel.send(job)?,
         }
         self.in_flight += 1;
         Ok(())
@@ -123,6 +137,11 @@ impl<J: Send + 'static, R: Send + 'static> Worker<J, R> {
                     .await
                     .unwrap_or_else(|panic| Err(Error::Worker(panic_message(&panic))))
             }
+            Place::Remote(channel) => {
+                let reply = channel.recv().await;
+                self.in_flight -= 1;
+                reply
+            }
         }
     }
 
@@ -143,6 +162,11 @@ impl<J: Send + 'static, R: Send + 'static> Worker<J, R> {
             Place::Inline { queue, .. } => {
                 queue.clear();
                 self.in_flight = 0;
+            }
+            Place::Remote(_) => {
+                while self.in_flight > 0 {
+                    let _ = self.recv().await;
+                }
             }
         }
     }
@@ -191,6 +215,27 @@ impl Span {
         let start = self.start.max(other.start);
         let end = self.end.min(other.end);
         Span { start, end }.ms()
+    }
+}
+
+/// A stretch of time as a worker reports it: milliseconds from the moment it began the job, so
+/// that it means the same on either side of a `postMessage`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RelSpan {
+    pub start_ms: f64,
+    pub end_ms: f64,
+}
+
+impl RelSpan {
+    pub fn from_span(span: Span, job_start: Instant) -> RelSpan {
+        let ms = |t: Instant| t.saturating_duration_since(job_start).as_secs_f64() * 1000.0;
+        RelSpan { start_ms: ms(span.start), end_ms: ms(span.end) }
+    }
+
+    /// On the caller's clock, for a job that began at `job_start`.
+    pub fn at(self, job_start: Instant) -> Span {
+        let t = |ms: f64| job_start + std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+        Span { start: t(self.start_ms), end: t(self.end_ms) }
     }
 }
 

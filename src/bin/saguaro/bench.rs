@@ -7,10 +7,12 @@ use futures::executor::block_on;
 use serde::Serialize;
 use serde_json::json;
 
-use saguaro::decode::{Generation, Mode};
+use saguaro::decode::Mode;
+use saguaro::engine::{Completion, GenerateOptions, Prompt};
+use saguaro::model::tokenizer::ChatMessage;
 use saguaro::{Error, Result};
 
-use crate::setup::{Engine, EngineArgs};
+use crate::setup::EngineArgs;
 
 /// Built-in prompts: code completion and chat, the workloads speculation is for.
 const PROMPTS: &[(&str, bool)] = &[
@@ -68,7 +70,7 @@ fn load_prompts(args: &BenchArgs) -> Result<Vec<(String, bool)>> {
 }
 
 /// Mean of `f` over the generations that have it, weighted by tokens generated.
-fn weighted(gens: &[Generation], f: impl Fn(&Generation) -> Option<f64>) -> Option<f64> {
+fn weighted(gens: &[Completion], f: impl Fn(&Completion) -> Option<f64>) -> Option<f64> {
     let (mut sum, mut w) = (0.0, 0.0);
     for g in gens {
         if let Some(v) = f(g) {
@@ -84,14 +86,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Err(Error::InvalidArgument("--modes is empty".into()));
     }
     let prompts = load_prompts(args)?;
-    let mut engine = Engine::load_modes(&args.engine, &args.modes, args.max_tokens)?;
-    let encoded = prompts.iter().map(|(p, chat)| engine.encode(p, *chat)).collect::<Result<Vec<_>>>()?;
-    let greedy = saguaro::sampling::SamplingParams::default();
-    let mut by_mode: Vec<Vec<Generation>> = Vec::new();
+    let mut engine = args.engine.engine(&args.modes)?;
+    let prompts: Vec<Prompt> = prompts
+        .into_iter()
+        .map(|(p, chat)| if chat { Prompt::Chat(vec![ChatMessage::new("user", &p)]) } else { Prompt::Text(p) })
+        .collect();
+    let mut by_mode: Vec<Vec<Completion>> = Vec::new();
     for &mode in &args.modes {
         let mut gens = Vec::new();
-        for (i, prompt) in encoded.iter().enumerate() {
-            let g = block_on(engine.generate(mode, prompt, &greedy, args.max_tokens, &mut |_| true))?;
+        let opts = GenerateOptions { mode: Some(mode), max_tokens: args.max_tokens, ..GenerateOptions::default() };
+        for (i, prompt) in prompts.iter().enumerate() {
+            let g = block_on(engine.generate(prompt, &opts, &mut |_, _| true))?;
             eprintln!("{mode} prompt {i}: {} tokens, {:.1} tok/s", g.stats.generated, g.stats.tokens_per_s);
             gens.push(g);
         }
@@ -107,7 +112,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         }
     }
-    let tps = |gens: &[Generation]| {
+    let tps = |gens: &[Completion]| {
         let decoded: usize = gens.iter().map(|g| g.stats.generated.saturating_sub(1)).sum();
         let ms: f64 = gens.iter().map(|g| g.stats.decode_ms).sum();
         decoded as f64 * 1000.0 / ms.max(1e-9)
@@ -135,7 +140,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         })
         .collect();
     if args.json {
-        let spec = &engine.spec;
+        let spec = engine.spec();
         println!(
             "{}",
             json!({"prompts": prompts.len(), "max_tokens": args.max_tokens, "spec_k": spec.k,

@@ -10,12 +10,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use futures::executor::block_on;
-use serde_json::json;
-
-use saguaro::decode::{Generation, Mode};
-use saguaro::model::tokenizer::{StreamDecoder, Tokenizer};
+use saguaro::decode::Mode;
+use saguaro::engine::{Completion, GenerateOptions, Prompt};
+use saguaro::model::tokenizer::ChatMessage;
 use saguaro::{Error, Result};
-use setup::{Engine, EngineArgs, SamplingArgs};
+use setup::{EngineArgs, SamplingArgs};
 
 #[derive(Parser)]
 #[command(
@@ -82,63 +81,41 @@ fn prompt_text(args: &GenerateArgs) -> Result<String> {
 fn generate(args: &GenerateArgs) -> Result<()> {
     let text = prompt_text(args)?;
     let mode = args.mode.unwrap_or(if args.engine.draft.is_some() { Mode::Ssd } else { Mode::Ar });
-    let mut engine = Engine::load(&args.engine, mode, args.sampling.max_tokens)?;
-    let prompt = engine.encode(&text, args.chat)?;
-    let tokenizer = engine.tokenizer().clone();
-    let mut stream = StreamDecoder::new(&tokenizer);
+    let mut engine = args.engine.engine(&[mode])?;
+    let prompt = if args.chat { Prompt::Chat(vec![ChatMessage::new("user", &text)]) } else { Prompt::Text(text) };
+    let opts = GenerateOptions { mode: Some(mode), max_tokens: args.sampling.max_tokens, sampling: args.sampling.params(), spec: None };
     let mut stdout = std::io::stdout().lock();
     let json = args.json;
-    let mut stream_err = None;
-    let mut sink = |toks: &[u32]| {
-        if json {
-            return true;
+    let c = block_on(engine.generate(&prompt, &opts, &mut |piece, _| {
+        if !json {
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
         }
-        for &t in toks {
-            match stream.push(t) {
-                Ok(s) => {
-                    let _ = stdout.write_all(s.as_bytes());
-                }
-                Err(e) => {
-                    stream_err = Some(e);
-                    return false;
-                }
-            }
-        }
-        let _ = stdout.flush();
         true
-    };
-    let g = block_on(engine.generate(mode, &prompt, &args.sampling.params(), args.sampling.max_tokens, &mut sink))?;
-    if let Some(e) = stream_err {
-        return Err(e);
-    }
-    if !json {
-        let _ = stdout.write_all(stream.finish()?.as_bytes());
-    }
+    }))?;
     drop(stdout);
-    report(&tokenizer, &g, json)
+    report(&c, json);
+    Ok(())
 }
 
-fn report(tok: &Tokenizer, g: &Generation, json: bool) -> Result<()> {
-    let s = &g.stats;
+fn report(c: &Completion, json: bool) {
+    let s = &c.stats;
     if json {
-        let text = tok.decode(&g.tokens)?;
-        let obj = json!({"text": text, "tokens": g.tokens, "prompt_tokens": s.prompt_tokens, "finish": g.finish, "stats": s});
-        println!("{obj}");
-    } else {
-        println!();
-        let mut line = format!(
-            "[{}] {} tokens, {:.1} tok/s, prefill {} tokens in {:.0} ms, finish: {:?}",
-            s.mode, s.generated, s.tokens_per_s, s.prompt_tokens, s.prefill_ms, g.finish
-        );
-        if let (Some(a), Some(m)) = (s.acceptance_rate, s.mean_accepted) {
-            line += &format!(", acceptance {a:.2}, {m:.2} tokens/round");
-        }
-        if let Some(h) = s.cache_hit_rate {
-            line += &format!(", cache hits {h:.2}");
-        }
-        eprintln!("{line}");
+        println!("{}", serde_json::to_string(c).expect("a completion serializes"));
+        return;
     }
-    Ok(())
+    println!();
+    let mut line = format!(
+        "[{}] {} tokens, {:.1} tok/s, prefill {} tokens in {:.0} ms, finish: {:?}",
+        s.mode, s.generated, s.tokens_per_s, s.prompt_tokens, s.prefill_ms, c.finish
+    );
+    if let (Some(a), Some(m)) = (s.acceptance_rate, s.mean_accepted) {
+        line += &format!(", acceptance {a:.2}, {m:.2} tokens/round");
+    }
+    if let Some(h) = s.cache_hit_rate {
+        line += &format!(", cache hits {h:.2}");
+    }
+    eprintln!("{line}");
 }
 
 fn main() -> ExitCode {

@@ -1,5 +1,5 @@
-//! Turning command-line options into a ready engine: models loaded, backends built, the draft on
-//! its worker.
+//! Turning command-line options into a ready [`Engine`]: the options map onto the library's
+//! [`EngineOptions`]; loading, placement and decoding are the library's.
 
 use std::path::{Path, PathBuf};
 
@@ -7,16 +7,13 @@ use clap::{Args, ValueEnum};
 use futures::executor::block_on;
 use web_time::Instant;
 
-use saguaro::backend::cpu::{CpuBackend, Precision};
+use saguaro::backend::cpu::Precision;
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
-use saguaro::decode::{generate_ar, generate_sd, generate_ssd, Backup, DraftWorker, Fanout, Generation, Mode, Request, Sink, SpecConfig};
+use saguaro::decode::{Backup, Fanout, Mode, SpecConfig};
+use saguaro::engine::{Device, Engine, EngineOptions};
 use saguaro::model::load::{open, ModelFile};
-use saguaro::model::runner::{Lm, Runner};
-use saguaro::model::tokenizer::{apply_chat_template, Tokenizer};
-use saguaro::model::transformer::Transformer;
-use saguaro::model::weights::ModelWeights;
 use saguaro::sampling::SamplingParams;
-use saguaro::{Error, Result};
+use saguaro::Result;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
@@ -53,21 +50,6 @@ pub struct DeviceArgs {
 impl DeviceArgs {
     pub fn open_gpu(&self) -> Result<GpuBackend> {
         block_on(GpuBackend::new(GpuOptions { adapter: self.adapter.clone(), ..Default::default() }))
-    }
-}
-
-impl BackendKind {
-    /// A runner for `w` on this backend, with a KV cache of `capacity` tokens.
-    pub fn runner(self, w: &ModelWeights, threads: usize, precision: Precision, dev: &DeviceArgs, capacity: usize) -> Result<Box<dyn Lm + Send>> {
-        Ok(match self {
-            BackendKind::Cpu => {
-                let cpu = CpuBackend::new(threads)?.with_precision(precision);
-                Box::new(Runner::new(Transformer::new(cpu, w)?, capacity)?)
-            }
-            BackendKind::Gpu => {
-                Box::new(Runner::new(Transformer::new(dev.open_gpu()?, w)?, capacity)?)
-            }
-        })
     }
 }
 
@@ -162,114 +144,30 @@ fn load(path: &Path, role: &str) -> Result<ModelFile> {
     Ok(m)
 }
 
-fn runner(w: &ModelWeights, kind: BackendKind, threads: usize, precision: Precision, dev: &DeviceArgs, capacity: usize, role: &str) -> Result<Box<dyn Lm + Send>> {
-    let t = Instant::now();
-    let lm = kind.runner(w, threads, precision, dev, capacity)?;
-    eprintln!("{role} on {} ({:.0} ms)", lm.backend_name(), t.elapsed().as_secs_f64() * 1000.0);
-    Ok(lm)
-}
-
-/// A draft must speak the target's vocabulary: token ids, not text, pass between them.
-fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
-    let n = target.vocab_size();
-    if draft.vocab_size() != n {
-        return Err(Error::IncompatibleDraft(format!(
-            "the target's tokenizer has {n} tokens, the draft's {}",
-            draft.vocab_size()
-        )));
-    }
-    if let Some(id) = (0..n as u32).find(|&id| target.id_to_token(id) != draft.id_to_token(id)) {
-        return Err(Error::IncompatibleDraft(format!(
-            "token {id} is {:?} for the target but {:?} for the draft",
-            target.id_to_token(id),
-            draft.id_to_token(id)
-        )));
-    }
-    Ok(())
-}
-
-pub struct Engine {
-    target_file: ModelFile,
-    target: Box<dyn Lm + Send>,
-    /// The draft for SD, on the caller's thread.
-    sd_draft: Option<Box<dyn Lm + Send>>,
-    /// The draft for SSD, on its own worker.
-    ssd_draft: Option<DraftWorker>,
-    pub spec: SpecConfig,
-}
-
-impl Engine {
-    /// Load the models and build what `modes` need, with a KV cache for prompts plus
-    /// `max_tokens` of output up to `--context`.
-    pub fn load_modes(args: &EngineArgs, modes: &[Mode], max_tokens: usize) -> Result<Engine> {
-        let spec = SpecConfig::new(args.spec_k, args.fanout.clone(), args.saguaro_c, args.backup);
-        spec.validate()?;
-        let target_file = load(&args.target, "target")?;
-        let draft_file = args.draft.as_deref().map(|p| load(p, "draft")).transpose()?;
-        if let Some(d) = &draft_file {
-            check_vocab(&target_file.tokenizer, &d.tokenizer)?;
+impl EngineArgs {
+    fn device(&self, kind: BackendKind, threads: usize, precision: PrecisionArg) -> Device {
+        match kind {
+            BackendKind::Cpu => Device::Cpu { threads, precision: precision.into() },
+            BackendKind::Gpu => Device::Gpu { adapter: self.device.adapter.clone() },
         }
-        let context = args.context.min(target_file.weights.config.context_length);
-        if max_tokens >= context {
-            return Err(Error::InvalidArgument(format!("--max-tokens {max_tokens} does not fit the context of {context} tokens")));
-        }
-        let scratch = spec.draft_scratch();
-        let capacity = context + scratch;
-        let target = runner(&target_file.weights, args.backend, args.threads, args.precision.into(), &args.device, capacity, "target")?;
-        let draft_weights = &draft_file.as_ref().unwrap_or(&target_file).weights;
-        let draft = |role| runner(draft_weights, args.draft_backend, args.draft_threads, args.draft_precision.into(), &args.device, capacity, role);
-        let sd_draft = modes.contains(&Mode::Sd).then(|| draft("SD draft")).transpose()?;
-        let ssd_draft = if modes.contains(&Mode::Ssd) { Some(DraftWorker::new(draft("SSD draft")?)?) } else { None };
-        Ok(Engine { target_file, target, sd_draft, ssd_draft, spec })
     }
 
-    pub fn load(args: &EngineArgs, mode: Mode, max_tokens: usize) -> Result<Engine> {
-        Engine::load_modes(args, &[mode], max_tokens)
-    }
-
-    pub fn tokenizer(&self) -> &Tokenizer {
-        &self.target_file.tokenizer
-    }
-
-    /// Tokenize a prompt, wrapped as a user message in the model's chat template if `chat`.
-    pub fn encode(&self, text: &str, chat: bool) -> Result<Vec<u32>> {
-        let tok = self.tokenizer();
-        if !chat {
-            return tok.encode(text);
-        }
-        let template = self
-            .target_file
-            .chat_template
-            .as_deref()
-            .ok_or_else(|| Error::InvalidArgument("--chat: the model has no chat template".into()))?;
-        tok.encode(&apply_chat_template(template, None, text, tok.bos_token().as_deref(), tok.eos_token().as_deref())?)
-    }
-
-    pub async fn generate(
-        &mut self,
-        mode: Mode,
-        prompt: &[u32],
-        sampling: &SamplingParams,
-        max_tokens: usize,
-        sink: Sink<'_>,
-    ) -> Result<Generation> {
-        let req = Request {
-            prompt: prompt.to_vec(),
-            max_tokens,
-            sampling: *sampling,
-            stop: self.target_file.tokenizer.eos_ids().to_vec(),
+    /// Load the models and build an engine ready for `modes`.
+    pub fn engine(&self, modes: &[Mode]) -> Result<Engine> {
+        let opts = EngineOptions {
+            target: self.device(self.backend, self.threads, self.precision),
+            draft: self.device(self.draft_backend, self.draft_threads, self.draft_precision),
+            spec: SpecConfig::new(self.spec_k, self.fanout.clone(), self.saguaro_c, self.backup),
+            context: self.context,
+            modes: modes.to_vec(),
+            ..EngineOptions::default()
         };
-        let target = self.target.as_mut();
-        match mode {
-            Mode::Ar => generate_ar(target, &req, sink).await,
-            Mode::Sd => {
-                let draft = self.sd_draft.as_deref_mut().ok_or_else(|| Error::InvalidArgument("SD draft not loaded".into()))?;
-                generate_sd(target, draft, &req, &self.spec, sink).await
-            }
-            Mode::Ssd => {
-                let draft = self.ssd_draft.as_mut().ok_or_else(|| Error::InvalidArgument("SSD draft not loaded".into()))?;
-                generate_ssd(target, draft, &req, &self.spec, sink).await
-            }
-        }
+        opts.spec.validate()?;
+        let target = load(&self.target, "target")?;
+        let draft = self.draft.as_deref().map(|p| load(p, "draft")).transpose()?;
+        let t = Instant::now();
+        let engine = block_on(Engine::new(target, draft, &opts))?;
+        eprintln!("target on {} ({:.0} ms to place)", engine.target_backend(), t.elapsed().as_secs_f64() * 1000.0);
+        Ok(engine)
     }
 }

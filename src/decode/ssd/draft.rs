@@ -3,9 +3,15 @@
 //! `Start` (prefill), then per round `Propose` (take the previous round's outcome, answer with
 //! this round's draft tokens from the cache or the backup) and `Speculate` (glue pass and tree
 //! over this round's tokens, while the target verifies them).
+//!
+//! Jobs and replies are plain data (serde), so the draft can live in another Web Worker:
+//! [`DraftHost`] is its end there, [`DraftWorker::remote`] the target's end.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use futures::future::LocalBoxFuture;
 use web_time::Instant;
@@ -19,10 +25,11 @@ use crate::decode::Request;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::runner::{append, Lm, Want};
-use crate::runtime::{Service, Span, Worker};
+use crate::runtime::{Channel, RelSpan, Service, Span, Worker};
 use crate::sampling::{Rng, SamplingParams};
 
-pub(crate) enum Job {
+#[derive(Serialize, Deserialize)]
+pub enum Job {
     /// A new generation: reset the cache and prefill the prompt.
     Start { req: Request, spec: SpecConfig },
     /// Commit the outcome of the round last speculated on (none before the first round) and
@@ -33,26 +40,42 @@ pub(crate) enum Job {
     Speculate { tokens: Vec<u32>, depth: usize },
 }
 
-pub(crate) enum Reply {
+/// A reply, with its times as spans on the caller's clock (`S = Span`) or relative to the job's
+/// start as the worker measured them (`S = RelSpan`).
+#[derive(Serialize, Deserialize)]
+pub enum Reply<S = Span> {
     Started,
     Proposal {
         proposal: Proposal,
         /// Whether the cache held the outcome; `None` when there was no cache to ask.
         hit: Option<bool>,
         /// Time spent drafting on a miss.
-        backup: Option<Span>,
+        backup: Option<S>,
     },
     Speculated {
-        glue: Span,
-        tree: Vec<Span>,
+        glue: S,
+        tree: Vec<S>,
     },
+}
+
+impl<S> Reply<S> {
+    fn map_spans<T>(self, f: impl Fn(S) -> T) -> Reply<T> {
+        match self {
+            Reply::Started => Reply::Started,
+            Reply::Proposal { proposal, hit, backup } => Reply::Proposal { proposal, hit, backup: backup.map(&f) },
+            Reply::Speculated { glue, tree } => Reply::Speculated { glue: f(glue), tree: tree.into_iter().map(f).collect() },
+        }
+    }
 }
 
 /// The draft model on its worker, reusable across generations (and after errors).
 pub struct DraftWorker {
-    worker: Worker<Job, Reply>,
+    worker: Worker<Job, Reply<RelSpan>>,
     config: ModelConfig,
     abandon: Arc<AtomicBool>,
+    /// When each job in flight was sent, to place its reply's spans on our clock.
+    sent: VecDeque<Instant>,
+    last_reply: Option<Instant>,
 }
 
 impl DraftWorker {
@@ -66,7 +89,17 @@ impl DraftWorker {
         let worker = Worker::thread("saguaro-draft", drafter)?;
         #[cfg(target_arch = "wasm32")]
         let worker = Worker::inline(drafter);
-        Ok(DraftWorker { worker, config, abandon })
+        Ok(DraftWorker::on(worker, config, abandon))
+    }
+
+    /// A draft running elsewhere (a browser Web Worker holding a [`DraftHost`]) with model
+    /// `config`, reached through `channel`.
+    pub fn remote(channel: Box<dyn Channel<Job, Reply<RelSpan>>>, config: ModelConfig) -> Self {
+        DraftWorker::on(Worker::remote(channel), config, Arc::new(AtomicBool::new(false)))
+    }
+
+    fn on(worker: Worker<Job, Reply<RelSpan>>, config: ModelConfig, abandon: Arc<AtomicBool>) -> Self {
+        DraftWorker { worker, config, abandon, sent: VecDeque::new(), last_reply: None }
     }
 
     /// The draft on the caller's thread: its work runs when the target awaits it, so nothing
@@ -75,7 +108,7 @@ impl DraftWorker {
         let config = lm.config().clone();
         let abandon = Arc::new(AtomicBool::new(false));
         let drafter = Drafter { lm, abandon: abandon.clone(), session: None };
-        DraftWorker { worker: Worker::inline(drafter), config, abandon }
+        DraftWorker::on(Worker::inline(drafter), config, abandon)
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -91,11 +124,20 @@ impl DraftWorker {
         if matches!(job, Job::Start { .. }) {
             self.abandon.store(false, Ordering::Relaxed);
         }
-        self.worker.send(job)
+        self.worker.send(job)?;
+        self.sent.push_back(Instant::now());
+        Ok(())
     }
 
     pub(crate) async fn recv(&mut self) -> Result<Reply> {
-        self.worker.recv().await
+        let reply = self.worker.recv().await;
+        let now = Instant::now();
+        // The worker takes jobs in order: this one began when it was sent or when the previous
+        // one ended, whichever was later.
+        let sent = self.sent.pop_front().unwrap_or(now);
+        let began = self.last_reply.map_or(sent, |r| r.max(sent)).min(now);
+        self.last_reply = Some(now);
+        Ok(reply?.map_spans(|s| s.at(began)))
     }
 
     /// End the generation in progress: cut short any tree being built for it and discard
@@ -103,6 +145,8 @@ impl DraftWorker {
     pub(crate) async fn finish(&mut self) {
         self.abandon.store(true, Ordering::Relaxed);
         self.worker.drain().await;
+        self.sent.clear();
+        self.last_reply = None;
     }
 }
 
@@ -156,16 +200,40 @@ struct Round {
 
 impl<M: OwnedLm> Service for Drafter<M> {
     type Job = Job;
-    type Reply = Reply;
+    type Reply = Reply<RelSpan>;
 
-    fn handle(&mut self, job: Job) -> LocalBoxFuture<'_, Result<Reply>> {
+    fn handle(&mut self, job: Job) -> LocalBoxFuture<'_, Result<Reply<RelSpan>>> {
         Box::pin(async move {
-            match job {
+            let began = Instant::now();
+            let reply = match job {
                 Job::Start { req, spec } => self.start(req, spec).await,
                 Job::Propose { outcome, rec, depth } => self.propose(outcome, rec, depth).await,
                 Job::Speculate { tokens, depth } => self.speculate(tokens, depth).await,
-            }
+            }?;
+            Ok(reply.map_spans(|s| RelSpan::from_span(s, began)))
         })
+    }
+}
+
+/// The draft's end of a remote [`DraftWorker`]: the draft model and its speculation cache in
+/// another Web Worker, answering jobs in the order they arrive.
+pub struct DraftHost {
+    drafter: Drafter<Box<dyn Lm>>,
+    config: ModelConfig,
+}
+
+impl DraftHost {
+    pub fn new(lm: Box<dyn Lm>) -> Self {
+        let config = lm.config().clone();
+        DraftHost { drafter: Drafter { lm, abandon: Arc::new(AtomicBool::new(false)), session: None }, config }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub async fn handle(&mut self, job: Job) -> Result<Reply<RelSpan>> {
+        self.drafter.handle(job).await
     }
 }
 

@@ -37,7 +37,7 @@ const DEFAULT_EXPONENT: f64 = 1.0;
 const RANK_CAP: usize = 64;
 
 /// How SSD spreads its branches over the verification outcomes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Fanout {
     /// The same number of candidates for every k.
     Uniform(usize),

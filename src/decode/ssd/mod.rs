@@ -17,8 +17,7 @@ pub mod tree;
 
 use web_time::Instant;
 
-pub use draft::DraftWorker;
-use draft::{Job, Reply};
+pub use draft::{DraftHost, DraftWorker, Job, Reply};
 
 use super::autoregressive::pick;
 use super::speculative::{check_draft, verify, Outcome, SpecConfig, Tally};
@@ -59,8 +58,9 @@ struct DraftTime {
 }
 
 impl DraftTime {
-    /// A round's speculation, which ran while the target's verify took `verify`.
-    fn speculated(&mut self, glue: Span, tree: &[Span], verify: Span) {
+    /// A round's speculation, which ran while the target's verify took `verify`; returns the
+    /// span of the whole speculation.
+    fn speculated(&mut self, glue: Span, tree: &[Span], verify: Span) -> Span {
         let work = Span { start: glue.start, end: tree.last().map_or(glue.end, |s| s.end) };
         let tree_ms: f64 = tree.iter().map(Span::ms).sum();
         self.busy_ms += glue.ms() + tree_ms;
@@ -69,6 +69,7 @@ impl DraftTime {
         self.glues += 1;
         self.tree_ms += tree_ms;
         self.tree_steps += tree.len();
+        work
     }
 
     fn write(&self, stats: &mut Stats) {
@@ -100,7 +101,7 @@ async fn run(
     let t1 = Instant::now();
     let mut out = Output::new(req, sink);
     out.push(&[rec]);
-    let mut tally = Tally::default();
+    let mut tally = Tally::new(t1);
     let mut time = DraftTime::default();
     let (mut lookups, mut hits) = (0usize, 0usize);
     let mut outcome: Option<Outcome> = None;
@@ -125,12 +126,12 @@ async fn run(
         let mut toks = proposal.tokens[..o.accepted].to_vec();
         toks.push(o.bonus);
         let committed = out.push(&toks);
-        tally.round(proposal.tokens.len(), o, committed, verify_span.ms());
+        tally.round(proposal.tokens.len(), o, committed, verify_span, None, hit);
         if out.done() {
             break;
         }
         match draft.recv().await? {
-            Reply::Speculated { glue, tree } => time.speculated(glue, &tree, verify_span),
+            Reply::Speculated { glue, tree } => tally.drafted(time.speculated(glue, &tree, verify_span)),
             _ => return Err(out_of_step()),
         }
         rec = o.bonus;

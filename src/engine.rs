@@ -1,0 +1,343 @@
+//! The engine: a target model and an optional draft, placed on backends, with the tokenizer and
+//! chat template, ready to generate text in any mode. The CLI and the JS API are thin front-ends
+//! over it; neither loads, places or detokenizes anything itself.
+//!
+//! Models arrive as [`ModelFile`]s, however they were read (a memory map natively, bytes or
+//! downloaded pieces in the browser). Once the runners are built the engine keeps only what it
+//! still needs: a model bound for the GPU has been uploaded, so its host copy is freed here.
+
+use crate::backend::cpu::{CpuBackend, Precision};
+use crate::decode::{generate_ar, generate_sd, generate_ssd, DraftWorker, FinishReason, Mode, Request, SpecConfig, Stats};
+use crate::error::{Error, Result};
+use crate::model::config::ModelConfig;
+use crate::model::load::ModelFile;
+use crate::model::runner::{Lm, Runner};
+use crate::model::tokenizer::{apply_chat_template, ChatMessage, StreamDecoder, Tokenizer};
+use crate::model::transformer::Transformer;
+use crate::model::weights::ModelWeights;
+use crate::sampling::SamplingParams;
+
+/// Where a model runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Device {
+    /// CPU threads (0 = all cores; in wasm the calling thread only).
+    Cpu { threads: usize, precision: Precision },
+    /// The GPU through wgpu (WebGPU in the browser): the adapter whose name contains `adapter`,
+    /// or the preferred one.
+    Gpu { adapter: Option<String> },
+}
+
+impl Device {
+    /// The CPU with all cores at the given precision.
+    pub fn cpu(precision: Precision) -> Self {
+        Device::Cpu { threads: 0, precision }
+    }
+
+    /// A model instance for `w` on this device with a KV cache of `capacity` tokens.
+    pub async fn runner(&self, w: &ModelWeights, capacity: usize) -> Result<Box<dyn Lm + Send>> {
+        match self {
+            Device::Cpu { threads, precision } => {
+                let cpu = CpuBackend::new(*threads)?.with_precision(*precision);
+                Ok(Box::new(Runner::new(Transformer::new(cpu, w)?, capacity)?))
+            }
+            #[cfg(feature = "gpu")]
+            Device::Gpu { adapter } => {
+                use crate::backend::gpu::{GpuBackend, GpuOptions};
+                let gpu = GpuBackend::new(GpuOptions { adapter: adapter.clone(), ..Default::default() }).await?;
+                Ok(Box::new(Runner::new(Transformer::new(gpu, w)?, capacity)?))
+            }
+            #[cfg(not(feature = "gpu"))]
+            Device::Gpu { .. } => Err(Error::Unsupported("this build has no GPU backend (feature `gpu`)".into())),
+        }
+    }
+}
+
+/// How to build an engine.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    pub target: Device,
+    pub draft: Device,
+    pub spec: SpecConfig,
+    /// KV-cache size in tokens (prompt + output), capped by the target's context length.
+    pub context: usize,
+    /// The modes to prepare a draft for (an SD draft runs on the caller's thread, an SSD draft
+    /// on its own worker). Empty: every mode the models allow.
+    pub modes: Vec<Mode>,
+    /// Where the SSD draft runs: its own thread natively; `false` runs it inline (the same
+    /// tokens, no overlap). The browser supplies a Web Worker instead ([`Engine::set_ssd_draft`]).
+    pub ssd_thread: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            target: Device::cpu(Precision::Exact),
+            draft: Device::cpu(Precision::Fast),
+            spec: SpecConfig::default(),
+            context: 4096,
+            modes: Vec::new(),
+            ssd_thread: cfg!(not(target_arch = "wasm32")),
+        }
+    }
+}
+
+/// What to generate from; the mode, limits and sampling are in [`GenerateOptions`].
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Plain text, tokenized as is.
+    Text(String),
+    /// A conversation rendered with the model's chat template.
+    Chat(Vec<ChatMessage>),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Default: SSD when the engine has a draft, AR otherwise.
+    pub mode: Option<Mode>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// SD/SSD settings for this call (K, fan-out, ...); default: the engine's. A K whose
+    /// speculation needs more draft KV room than the engine was built for is refused.
+    pub spec: Option<SpecConfig>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions { mode: None, max_tokens: 256, sampling: SamplingParams::default(), spec: None }
+    }
+}
+
+/// The result of one generation (the CLI's `--json` object and the JS API's result).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Completion {
+    pub text: String,
+    /// Generated ids, including the stop token that ended generation.
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub finish: FinishReason,
+    pub stats: Stats,
+}
+
+/// The loaded models, ready to generate. Reusable across generations, also after an error or a
+/// cancelled generation.
+pub struct Engine {
+    tokenizer: Tokenizer,
+    chat_template: Option<String>,
+    target: Box<dyn Lm + Send>,
+    /// Whether a separate draft model was given (otherwise the target drafts for itself).
+    separate_draft: bool,
+    sd_draft: Option<Box<dyn Lm + Send>>,
+    ssd_draft: Option<DraftWorker>,
+    spec: SpecConfig,
+}
+
+/// A draft must speak the target's vocabulary: token ids, not text, pass between them.
+pub fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
+    let n = target.vocab_size();
+    if draft.vocab_size() != n {
+        return Err(Error::IncompatibleDraft(format!(
+            "the target's tokenizer has {n} tokens, the draft's {}",
+            draft.vocab_size()
+        )));
+    }
+    if let Some(id) = (0..n as u32).find(|&id| target.id_to_token(id) != draft.id_to_token(id)) {
+        return Err(Error::IncompatibleDraft(format!(
+            "token {id} is {:?} for the target but {:?} for the draft",
+            target.id_to_token(id),
+            draft.id_to_token(id)
+        )));
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// Place `target` (and `draft`, if any) as `opts` say. Without a draft, SD and SSD draft with
+    /// a second instance of the target.
+    pub async fn new(target: ModelFile, draft: Option<ModelFile>, opts: &EngineOptions) -> Result<Engine> {
+        Self::with_target_wrapper(target, draft, opts, |lm| lm).await
+    }
+
+    /// Like [`Engine::new`], with the target model wrapped by `wrap` (the browser's wraps it to
+    /// let the event loop run between forwards).
+    pub async fn with_target_wrapper(
+        target: ModelFile,
+        draft: Option<ModelFile>,
+        opts: &EngineOptions,
+        wrap: impl FnOnce(Box<dyn Lm + Send>) -> Box<dyn Lm + Send>,
+    ) -> Result<Engine> {
+        opts.spec.validate()?;
+        if let Some(d) = &draft {
+            check_vocab(&target.tokenizer, &d.tokenizer)?;
+        }
+        let capacity = Self::capacity(&target.weights.config, opts);
+        let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
+        let target_lm = wrap(opts.target.runner(&target.weights, capacity).await?);
+        let separate_draft = draft.is_some();
+        let draft_weights = &draft.as_ref().unwrap_or(&target).weights;
+        let sd_draft = match wants(Mode::Sd) {
+            true => Some(opts.draft.runner(draft_weights, capacity).await?),
+            false => None,
+        };
+        let ssd_draft = match wants(Mode::Ssd) {
+            true => {
+                let lm = opts.draft.runner(draft_weights, capacity).await?;
+                Some(if opts.ssd_thread { DraftWorker::new(lm)? } else { DraftWorker::inline(lm) })
+            }
+            false => None,
+        };
+        Ok(Engine {
+            tokenizer: target.tokenizer,
+            chat_template: target.chat_template,
+            target: target_lm,
+            separate_draft,
+            sd_draft,
+            ssd_draft,
+            spec: opts.spec.clone(),
+        })
+    }
+
+    /// KV slots a model needs for `opts`: the context plus the draft's speculation scratch.
+    pub fn capacity(config: &ModelConfig, opts: &EngineOptions) -> usize {
+        opts.context.min(config.context_length) + opts.spec.draft_scratch()
+    }
+
+    /// Use `draft` (a draft in a browser Web Worker) for SSD from now on; `vocab_fingerprint` is
+    /// its tokenizer's [`Tokenizer::vocab_fingerprint`].
+    pub fn set_ssd_draft(&mut self, draft: DraftWorker, vocab_fingerprint: &str) -> Result<()> {
+        let ours = self.tokenizer.vocab_fingerprint();
+        if ours != vocab_fingerprint {
+            return Err(Error::IncompatibleDraft(format!(
+                "the draft's vocabulary (fingerprint {vocab_fingerprint}) differs from the target's ({ours})"
+            )));
+        }
+        crate::decode::speculative::check_draft(self.target.config(), draft.config())?;
+        self.ssd_draft = Some(draft);
+        self.separate_draft = true;
+        Ok(())
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn spec(&self) -> &SpecConfig {
+        &self.spec
+    }
+
+    pub fn target_config(&self) -> &ModelConfig {
+        self.target.config()
+    }
+
+    /// Where the target runs, in words.
+    pub fn target_backend(&self) -> String {
+        self.target.backend_name()
+    }
+
+    /// Whether a draft model other than the target was loaded.
+    pub fn has_draft(&self) -> bool {
+        self.separate_draft
+    }
+
+    /// The mode a generation runs in when none is asked for.
+    pub fn default_mode(&self) -> Mode {
+        if self.separate_draft {
+            Mode::Ssd
+        } else {
+            Mode::Ar
+        }
+    }
+
+    /// The prompt's token ids.
+    pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let tok = &self.tokenizer;
+        match prompt {
+            Prompt::Text(text) => tok.encode(text),
+            Prompt::Tokens(ids) => Ok(ids.clone()),
+            Prompt::Chat(messages) => {
+                let template = self
+                    .chat_template
+                    .as_deref()
+                    .ok_or_else(|| Error::InvalidArgument("chat: the model has no chat template".into()))?;
+                let text = apply_chat_template(template, messages, tok.bos_token().as_deref(), tok.eos_token().as_deref())?;
+                tok.encode(&text)
+            }
+        }
+    }
+
+    /// Generate from `prompt`, streaming text to `on_text(piece, tokens)` once per committed
+    /// round (whole characters only, so a piece may be empty; `tokens` is how many tokens the
+    /// round committed). `on_text` returning `false` cancels: generation stops within one round with
+    /// `finish: cancelled`, and the engine is ready for the next call.
+    pub async fn generate(
+        &mut self,
+        prompt: &Prompt,
+        opts: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str, usize) -> bool,
+    ) -> Result<Completion> {
+        let ids = self.encode(prompt)?;
+        let mode = opts.mode.unwrap_or_else(|| self.default_mode());
+        let spec = match &opts.spec {
+            Some(s) if s.draft_scratch() > self.spec.draft_scratch() => {
+                return Err(Error::InvalidArgument(format!(
+                    "spec_k {} with fan-out {} needs more draft cache than this engine was built for (spec_k {}, fan-out {}); load it with the larger setting",
+                    s.k, s.fanout, self.spec.k, self.spec.fanout
+                )))
+            }
+            Some(s) => s.clone(),
+            None => self.spec.clone(),
+        };
+        let req = Request {
+            prompt: ids,
+            max_tokens: opts.max_tokens,
+            sampling: opts.sampling,
+            stop: self.tokenizer.eos_ids().to_vec(),
+        };
+        let mut stream = StreamDecoder::new(&self.tokenizer);
+        let mut stream_err = None;
+        let mut sink = |toks: &[u32]| {
+            let mut text = String::new();
+            for &t in toks {
+                match stream.push(t) {
+                    Ok(s) => text += &s,
+                    Err(e) => {
+                        stream_err = Some(e);
+                        return false;
+                    }
+                }
+            }
+            on_text(&text, toks.len())
+        };
+        let target = self.target.as_mut();
+        let g = match mode {
+            Mode::Ar => generate_ar(target, &req, &mut sink).await,
+            Mode::Sd => {
+                let draft = self.sd_draft.as_deref_mut().ok_or_else(|| not_prepared(mode))?;
+                generate_sd(target, draft, &req, &spec, &mut sink).await
+            }
+            Mode::Ssd => {
+                let draft = self.ssd_draft.as_mut().ok_or_else(|| not_prepared(mode))?;
+                generate_ssd(target, draft, &req, &spec, &mut sink).await
+            }
+        }?;
+        if let Some(e) = stream_err {
+            return Err(e);
+        }
+        let rest = stream.finish()?;
+        if !rest.is_empty() {
+            on_text(&rest, 0);
+        }
+        Ok(Completion {
+            text: self.tokenizer.decode(&g.tokens)?,
+            tokens: g.tokens,
+            prompt_tokens: req.prompt.len(),
+            finish: g.finish,
+            stats: g.stats,
+        })
+    }
+}
+
+fn not_prepared(mode: Mode) -> Error {
+    Error::InvalidArgument(format!("mode {mode}: this engine was built without a draft for it"))
+}

@@ -1,0 +1,214 @@
+//! What connects the engine to the browser: the draft worker's `MessagePort` as a runtime
+//! [`Channel`], and the event-loop turns a long CPU generation needs so that an abort message
+//! (or the draft's replies) can be received at all.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use futures::channel::mpsc;
+use futures::future::LocalBoxFuture;
+use futures::StreamExt;
+use js_sys::{Function, Promise};
+use serde::{Deserialize, Serialize};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{MessageChannel, MessageEvent, MessagePort};
+use web_time::{Duration, Instant};
+
+use crate::backend::Batch;
+use crate::decode::{Job, Reply};
+use crate::error::{Error, Result};
+use crate::model::config::ModelConfig;
+use crate::model::runner::Lm;
+use crate::runtime::{Channel, RelSpan};
+
+/// A reply as it crosses `postMessage`: `{ok: reply}` or `{error: {code, message}}`.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireReply {
+    Ok(Reply<RelSpan>),
+    Error { code: String, message: String },
+}
+
+impl From<Result<Reply<RelSpan>>> for WireReply {
+    fn from(r: Result<Reply<RelSpan>>) -> Self {
+        match r {
+            Ok(reply) => WireReply::Ok(reply),
+            Err(e) => WireReply::Error { code: e.code().into(), message: e.to_string() },
+        }
+    }
+}
+
+impl WireReply {
+    fn into_result(self) -> Result<Reply<RelSpan>> {
+        match self {
+            WireReply::Ok(reply) => Ok(reply),
+            WireReply::Error { code, message } => Err(match code.as_str() {
+                "bad_model" => Error::InvalidModel(message),
+                "invalid_argument" => Error::InvalidArgument(message),
+                "vocab_mismatch" => Error::IncompatibleDraft(message),
+                "device_lost" => Error::DeviceLost(message),
+                "out_of_memory" => Error::OutOfMemory(message),
+                "gpu_error" => Error::Gpu(message),
+                _ => Error::Worker(format!("draft worker: {message}")),
+            }),
+        }
+    }
+}
+
+/// The engine's end of the port to a [`super::WasmDraft`].
+pub struct PortChannel {
+    port: MessagePort,
+    replies: mpsc::UnboundedReceiver<Result<Reply<RelSpan>>>,
+    _on_message: Closure<dyn FnMut(MessageEvent)>,
+}
+
+impl PortChannel {
+    pub fn new(port: MessagePort) -> Self {
+        let (tx, replies) = mpsc::unbounded();
+        let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |ev: MessageEvent| {
+            let reply = serde_wasm_bindgen::from_value::<WireReply>(ev.data())
+                .map_err(|e| Error::Worker(format!("unreadable reply from the draft worker: {e}")))
+                .and_then(WireReply::into_result);
+            let _ = tx.unbounded_send(reply);
+        });
+        port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+        PortChannel { port, replies, _on_message: on_message }
+    }
+}
+
+impl Channel<Job, Reply<RelSpan>> for PortChannel {
+    fn send(&mut self, job: Job) -> Result<()> {
+        let v = job
+            .serialize(&serde_wasm_bindgen::Serializer::json_compatible())
+            .map_err(|e| Error::Worker(format!("cannot encode a draft job: {e}")))?;
+        self.port.post_message(&v).map_err(|e| Error::Worker(format!("cannot reach the draft worker: {e:?}")))
+    }
+
+    fn recv(&mut self) -> LocalBoxFuture<'_, Result<Reply<RelSpan>>> {
+        Box::pin(async move {
+            self.replies.next().await.unwrap_or_else(|| Err(Error::Worker("the draft worker has stopped".into())))
+        })
+    }
+}
+
+impl Drop for PortChannel {
+    fn drop(&mut self) {
+        self.port.set_onmessage(None);
+        self.port.close();
+    }
+}
+
+/// How long a computation may hold the event loop before it yields a turn.
+const YIELD_EVERY: Duration = Duration::from_millis(10);
+
+/// A model that lets the event loop run (at most every [`YIELD_EVERY`]) before each forward:
+/// messages such as an abort, or the draft's replies, are delivered between rounds even when
+/// every forward computes synchronously on the CPU.
+pub struct Yielding {
+    inner: Box<dyn Lm + Send>,
+    last: Instant,
+}
+
+impl Yielding {
+    pub fn new(inner: Box<dyn Lm + Send>) -> Self {
+        Yielding { inner, last: Instant::now() }
+    }
+
+    async fn pause(&mut self) {
+        if self.last.elapsed() >= YIELD_EVERY {
+            next_task().await;
+            self.last = Instant::now();
+        }
+    }
+}
+
+impl Lm for Yielding {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn backend_name(&self) -> String {
+        self.inner.backend_name()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.inner.truncate(len)
+    }
+    fn advance(&mut self, n: usize) -> Result<()> {
+        self.inner.advance(n)
+    }
+    fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
+        Box::pin(async move {
+            self.pause().await;
+            self.inner.logits(batch, out_rows).await
+        })
+    }
+    fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
+        Box::pin(async move {
+            self.pause().await;
+            self.inner.argmax(batch, out_rows).await
+        })
+    }
+}
+
+/// One `MessageChannel` per thread whose message resolves the pending turn: unlike a chain of
+/// `setTimeout(0)`s it is not clamped to 4 ms.
+struct Turns {
+    receiver: MessagePort,
+    sender: MessagePort,
+    pending: Rc<RefCell<Option<Function>>>,
+}
+
+thread_local! {
+    static TURNS: Option<Turns> = Turns::new();
+}
+
+/// In Node an open port keeps the process alive: hold it only while a turn is pending, so a
+/// process that is done can exit. (Browsers have no `ref`/`unref`.)
+fn node_ref(port: &MessagePort, hold: bool) {
+    let name = if hold { "ref" } else { "unref" };
+    if let Ok(f) = js_sys::Reflect::get(port, &name.into()) {
+        if let Some(f) = f.dyn_ref::<Function>() {
+            let _ = f.call0(port);
+        }
+    }
+}
+
+impl Turns {
+    fn new() -> Option<Turns> {
+        let ch = MessageChannel::new().ok()?;
+        let pending: Rc<RefCell<Option<Function>>> = Rc::default();
+        let (p, receiver) = (pending.clone(), ch.port1());
+        let wake = Closure::<dyn FnMut()>::new(move || {
+            node_ref(&receiver, false);
+            if let Some(resolve) = p.borrow_mut().take() {
+                let _ = resolve.call0(&JsValue::NULL);
+            }
+        });
+        ch.port1().set_onmessage(Some(wake.as_ref().unchecked_ref()));
+        // Lives as long as the thread, like the channel.
+        wake.forget();
+        node_ref(&ch.port1(), false);
+        Some(Turns { receiver: ch.port1(), sender: ch.port2(), pending })
+    }
+}
+
+/// Resolves on a later turn of the event loop.
+async fn next_task() {
+    let promise = TURNS.with(|t| {
+        let t = t.as_ref()?;
+        Some(Promise::new(&mut |resolve, _| {
+            *t.pending.borrow_mut() = Some(resolve);
+            node_ref(&t.receiver, true);
+            let _ = t.sender.post_message(&JsValue::NULL);
+        }))
+    });
+    if let Some(p) = promise {
+        let _ = JsFuture::from(p).await;
+    }
+}

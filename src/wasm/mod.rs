@@ -1,0 +1,230 @@
+//! The JS API's Rust side (wasm32 with the `wasm` feature). The npm package's JavaScript
+//! (pkg-config/) wraps these classes:
+//! - [`ModelBuffer`]: a model file filled piece by piece as it downloads, straight into wasm
+//!   memory, so no second copy of the whole file ever exists in JS;
+//! - [`WasmEngine`]: the [`Engine`] in the engine worker (or inline in Node);
+//! - [`WasmDraft`]: SSD's draft in its own Web Worker, answering the engine's jobs over a
+//!   `MessagePort`.
+//!
+//! Errors cross as JS `Error`s with a `code` ([`Error::code`]).
+
+mod channel;
+mod options;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use js_sys::{Function, Promise};
+use serde::Serialize;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+use web_sys::MessagePort;
+
+use crate::decode::{DraftHost, DraftWorker, Job};
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::model::load::{from_gguf, ModelFile};
+use crate::model::runner::Lm;
+
+use options::{GenerateOpts, LoadOpts};
+
+/// A JS `Error` with `code` set.
+pub(crate) fn js_error(e: &Error) -> JsValue {
+    js_error_with(e.code(), &e.to_string())
+}
+
+pub(crate) fn js_error_with(code: &str, message: &str) -> JsValue {
+    let err = js_sys::Error::new(message);
+    let _ = js_sys::Reflect::set(&err, &"code".into(), &code.into());
+    err.into()
+}
+
+fn to_js<T: Serialize>(v: &T) -> Result<JsValue, JsValue> {
+    v.serialize(&serde_wasm_bindgen::Serializer::json_compatible())
+        .map_err(|e| js_error_with("internal", &e.to_string()))
+}
+
+/// The largest model file accepted: wasm32 memory is 4 GiB in all.
+const MAX_MODEL_BYTES: f64 = 3.5 * (1u64 << 30) as f64;
+
+/// A model file's bytes in wasm memory, written piece by piece as they arrive.
+#[wasm_bindgen]
+pub struct ModelBuffer {
+    data: Vec<u8>,
+    written: usize,
+}
+
+#[wasm_bindgen]
+impl ModelBuffer {
+    /// Room for a file of `len` bytes (refused cleanly when memory cannot hold it).
+    #[wasm_bindgen(constructor)]
+    pub fn new(len: f64) -> Result<ModelBuffer, JsValue> {
+        if !(len.is_finite() && len > 0.0 && len <= MAX_MODEL_BYTES) {
+            return Err(js_error_with(
+                "bad_model",
+                &format!("a model file of {len} bytes cannot be held in wasm memory (1 byte to 3.5 GiB)"),
+            ));
+        }
+        let mut data = Vec::new();
+        data.try_reserve_exact(len as usize)
+            .map_err(|_| js_error_with("out_of_memory", &format!("cannot allocate {len} bytes for the model")))?;
+        data.resize(len as usize, 0);
+        Ok(ModelBuffer { data, written: 0 })
+    }
+
+    /// Append the next piece of the file.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsValue> {
+        let end = self.written + chunk.len();
+        if end > self.data.len() {
+            return Err(js_error_with(
+                "bad_model",
+                &format!("the model is longer than its announced {} bytes", self.data.len()),
+            ));
+        }
+        self.data[self.written..end].copy_from_slice(chunk);
+        self.written = end;
+        Ok(())
+    }
+
+    pub fn written(&self) -> f64 {
+        self.written as f64
+    }
+}
+
+impl ModelBuffer {
+    fn parse(self) -> Result<ModelFile, JsValue> {
+        if self.written != self.data.len() {
+            return Err(js_error_with(
+                "bad_model",
+                &format!("the model file is truncated: {} of {} bytes arrived", self.written, self.data.len()),
+            ));
+        }
+        from_gguf(Arc::new(self.data)).map_err(|e| js_error(&e))
+    }
+}
+
+/// The engine as JS holds it. Calls that compute return Promises; one runs at a time.
+#[wasm_bindgen]
+pub struct WasmEngine {
+    engine: Rc<RefCell<Engine>>,
+}
+
+fn busy() -> JsValue {
+    js_error_with("invalid_argument", "the engine is busy with another call: await it (or abort it) first")
+}
+
+#[wasm_bindgen]
+impl WasmEngine {
+    /// Place the models. `opts`: {backend, draftBackend, context, specK, fanout, modes}
+    /// (see pkg-config/index.d.ts). Resolves to a `WasmEngine`.
+    pub fn load(target: ModelBuffer, draft: Option<ModelBuffer>, opts: JsValue) -> Promise {
+        future_to_promise(async move {
+            let opts: LoadOpts = options::parse(opts)?;
+            let engine_opts = opts.engine_options()?;
+            let target = target.parse()?;
+            let draft = draft.map(ModelBuffer::parse).transpose()?;
+            let engine = Engine::with_target_wrapper(target, draft, &engine_opts, |lm| {
+                Box::new(channel::Yielding::new(lm)) as Box<dyn Lm + Send>
+            })
+            .await
+            .map_err(|e| js_error(&e))?;
+            Ok(WasmEngine { engine: Rc::new(RefCell::new(engine)) }.into())
+        })
+    }
+
+    /// Use the draft answering on `port` (a [`WasmDraft`] in another worker) for SSD. `info` is
+    /// that draft's [`WasmDraft::info`].
+    #[wasm_bindgen(js_name = attachDraft)]
+    pub fn attach_draft(&self, port: MessagePort, info: JsValue) -> Result<(), JsValue> {
+        let info: options::DraftInfo = options::parse(info)?;
+        let config = info.config.ok_or_else(|| js_error_with("invalid_argument", "attachDraft: the draft's info has no config"))?;
+        let worker = DraftWorker::remote(Box::new(channel::PortChannel::new(port)), config);
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| busy())?;
+        engine.set_ssd_draft(worker, &info.vocab).map_err(|e| js_error(&e))
+    }
+
+    /// What was loaded: {targetBackend, hasDraft, defaultMode, vocabSize, contextLength}.
+    pub fn info(&self) -> Result<JsValue, JsValue> {
+        let engine = self.engine.try_borrow().map_err(|_| busy())?;
+        let c = engine.target_config();
+        to_js(&options::EngineInfo {
+            target_backend: engine.target_backend(),
+            has_draft: engine.has_draft(),
+            default_mode: engine.default_mode().to_string(),
+            vocab_size: c.vocab_size,
+            context_length: c.context_length,
+            stop_texts: engine.tokenizer().eos_ids().iter().filter_map(|&id| engine.tokenizer().id_to_token(id)).collect(),
+        })
+    }
+
+    /// Generate. `prompt`: a string, or {messages: [{role, content}]}; `opts`: {mode, maxTokens,
+    /// temperature, topK, topP, seed, specK, fanout, chat}. `on_text(piece, tokens)` is called once
+    /// per round with the new text and the number of tokens it committed; returning `false` stops
+    /// the generation (finish "cancelled").
+    /// Resolves to {text, tokens, prompt_tokens, finish, stats}.
+    pub fn generate(&self, prompt: JsValue, opts: JsValue, on_text: Function) -> Promise {
+        let engine = self.engine.clone();
+        future_to_promise(async move {
+            let opts: GenerateOpts = options::parse(opts)?;
+            let prompt = options::prompt(prompt, opts.chat)?;
+            let gen_opts = opts.generate_options()?;
+            let mut engine = engine.try_borrow_mut().map_err(|_| busy())?;
+            let mut callback_error = None;
+            let completion = engine
+                .generate(&prompt, &gen_opts, &mut |piece, n| match on_text.call2(&JsValue::NULL, &piece.into(), &(n as u32).into()) {
+                    Ok(v) => v.as_bool() != Some(false),
+                    Err(e) => {
+                        callback_error = Some(e);
+                        false
+                    }
+                })
+                .await
+                .map_err(|e| js_error(&e))?;
+            if let Some(e) = callback_error {
+                return Err(e);
+            }
+            to_js(&completion)
+        })
+    }
+}
+
+/// SSD's draft model in its own worker.
+#[wasm_bindgen]
+pub struct WasmDraft {
+    host: Rc<RefCell<DraftHost>>,
+    vocab: String,
+}
+
+#[wasm_bindgen]
+impl WasmDraft {
+    /// Load the draft on the CPU (or `opts.backend` "gpu"). Resolves to a `WasmDraft`.
+    pub fn load(model: ModelBuffer, opts: JsValue) -> Promise {
+        future_to_promise(async move {
+            let opts: LoadOpts = options::parse(opts)?;
+            let engine_opts = opts.engine_options()?;
+            let file = model.parse()?;
+            let capacity = Engine::capacity(&file.weights.config, &engine_opts);
+            let lm = engine_opts.draft.runner(&file.weights, capacity).await.map_err(|e| js_error(&e))?;
+            let vocab = file.tokenizer.vocab_fingerprint();
+            Ok(WasmDraft { host: Rc::new(RefCell::new(DraftHost::new(lm))), vocab }.into())
+        })
+    }
+
+    /// {config, vocab}: what the engine checks before it accepts this draft.
+    pub fn info(&self) -> Result<JsValue, JsValue> {
+        let host = self.host.try_borrow().map_err(|_| busy())?;
+        to_js(&options::DraftInfo { config: Some(host.config().clone()), vocab: self.vocab.clone() })
+    }
+
+    /// Answer one job from the engine: resolves to {ok: reply} or {error: {code, message}}.
+    pub fn handle(&self, job: JsValue) -> Promise {
+        let host = self.host.clone();
+        future_to_promise(async move {
+            let job: Job = options::parse(job)?;
+            let mut host = host.try_borrow_mut().map_err(|_| busy())?;
+            let reply = host.handle(job).await;
+            to_js(&channel::WireReply::from(reply))
+        })
+    }
+}

@@ -1,0 +1,160 @@
+//! The JS API's option objects (camelCase, every field optional) and their checks: a wrong value
+//! is an `invalid_argument` error that names the option.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use wasm_bindgen::prelude::*;
+
+use super::js_error_with;
+use crate::backend::cpu::Precision;
+use crate::decode::{Backup, Fanout, Mode, SpecConfig};
+use crate::engine::{Device, EngineOptions, GenerateOptions, Prompt};
+use crate::model::config::ModelConfig;
+use crate::model::tokenizer::ChatMessage;
+use crate::sampling::SamplingParams;
+
+fn invalid(msg: String) -> JsValue {
+    js_error_with("invalid_argument", &msg)
+}
+
+/// Read a JS value (`undefined` and `null` mean "all defaults").
+pub fn parse<T: DeserializeOwned + Default>(v: JsValue) -> Result<T, JsValue> {
+    if v.is_undefined() || v.is_null() {
+        return Ok(T::default());
+    }
+    serde_wasm_bindgen::from_value(v).map_err(|e| invalid(format!("options: {e}")))
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadOpts {
+    backend: Option<String>,
+    draft_backend: Option<String>,
+    context: Option<usize>,
+    spec_k: Option<usize>,
+    fanout: Option<String>,
+    backup: Option<String>,
+    /// Modes to prepare a local draft for ("sd", "ssd"); the JS side attaches a worker draft.
+    modes: Option<Vec<String>>,
+}
+
+fn device(name: Option<&str>, option: &str, precision: Precision) -> Result<Device, JsValue> {
+    match name.unwrap_or("cpu") {
+        "cpu" => Ok(Device::Cpu { threads: 1, precision }),
+        "gpu" => Ok(Device::Gpu { adapter: None }),
+        other => Err(invalid(format!("{option}: '{other}' is not a backend (expected 'gpu' or 'cpu')"))),
+    }
+}
+
+fn spec(k: Option<usize>, fanout: Option<&str>, backup: Option<&str>) -> Result<SpecConfig, JsValue> {
+    let mut s = SpecConfig::default();
+    if let Some(k) = k {
+        s.k = k;
+    }
+    if let Some(f) = fanout {
+        s.fanout = f.parse::<Fanout>().map_err(|e| invalid(format!("fanout: {e}")))?;
+    }
+    if let Some(b) = backup {
+        s.backup = b.parse::<Backup>().map_err(|e| invalid(format!("backup: {e}")))?;
+    }
+    s.validate().map_err(|e| invalid(format!("specK/fanout: {e}")))?;
+    Ok(s)
+}
+
+impl LoadOpts {
+    pub fn engine_options(&self) -> Result<EngineOptions, JsValue> {
+        let modes = self
+            .modes
+            .iter()
+            .flatten()
+            .map(|m| m.parse::<Mode>().map_err(|e| invalid(format!("modes: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let context = self.context.unwrap_or(2048);
+        if context == 0 {
+            return Err(invalid("context: must be at least 1 token".into()));
+        }
+        Ok(EngineOptions {
+            target: device(self.backend.as_deref(), "backend", Precision::Exact)?,
+            draft: device(self.draft_backend.as_deref(), "draftBackend", Precision::Fast)?,
+            spec: spec(self.spec_k, self.fanout.as_deref(), self.backup.as_deref())?,
+            context,
+            // Ar alone prepares no local draft at all: the draft then lives in its worker.
+            modes: if modes.is_empty() { vec![Mode::Ar] } else { modes },
+            ssd_thread: false,
+        })
+    }
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GenerateOpts {
+    mode: Option<String>,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    seed: Option<u64>,
+    spec_k: Option<usize>,
+    fanout: Option<String>,
+    pub chat: bool,
+}
+
+impl GenerateOpts {
+    pub fn generate_options(&self) -> Result<GenerateOptions, JsValue> {
+        let mode = self.mode.as_deref().map(str::parse::<Mode>).transpose().map_err(|e| invalid(format!("mode: {e}")))?;
+        let max_tokens = self.max_tokens.unwrap_or(256);
+        if max_tokens == 0 {
+            return Err(invalid("maxTokens: must be at least 1".into()));
+        }
+        let d = SamplingParams::default();
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            seed: self.seed.unwrap_or(d.seed),
+        };
+        sampling.validate().map_err(|e| invalid(e.to_string()))?;
+        let spec = match (self.spec_k, &self.fanout) {
+            (None, None) => None,
+            (k, f) => Some(spec(k, f.as_deref(), None)?),
+        };
+        Ok(GenerateOptions { mode, max_tokens, sampling, spec })
+    }
+}
+
+#[derive(Deserialize)]
+struct Conversation {
+    messages: Vec<ChatMessage>,
+}
+
+/// A string (wrapped as one user message when `chat`), or `{messages: [{role, content}]}`.
+pub fn prompt(v: JsValue, chat: bool) -> Result<Prompt, JsValue> {
+    if let Some(text) = v.as_string() {
+        return Ok(if chat { Prompt::Chat(vec![ChatMessage::new("user", &text)]) } else { Prompt::Text(text) });
+    }
+    let c: Conversation = serde_wasm_bindgen::from_value(v)
+        .map_err(|e| invalid(format!("prompt: expected a string or {{messages: [{{role, content}}]}} ({e})")))?;
+    if c.messages.is_empty() {
+        return Err(invalid("prompt: messages is empty".into()));
+    }
+    Ok(Prompt::Chat(c.messages))
+}
+
+/// What a draft worker tells the engine about its model.
+#[derive(Default, Serialize, Deserialize)]
+pub struct DraftInfo {
+    pub config: Option<ModelConfig>,
+    pub vocab: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineInfo {
+    pub target_backend: String,
+    pub has_draft: bool,
+    pub default_mode: String,
+    pub vocab_size: usize,
+    pub context_length: usize,
+    /// The text of each token that ends generation (an OpenAI-style reply leaves it out).
+    pub stop_texts: Vec<String>,
+}
