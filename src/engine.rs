@@ -7,11 +7,14 @@
 //! still needs: a model bound for the GPU has been uploaded, so its host copy is freed here.
 
 use crate::backend::cpu::{CpuBackend, Precision};
-use crate::decode::{generate_ar, generate_sd, generate_ssd, DraftWorker, FinishReason, Mode, Request, SpecConfig, Stats};
+use crate::decode::{
+    generate_ar, generate_sd, generate_sd_with, generate_ssd, Choice, Costs, DraftWorker, FinishReason, Mode, NgramConfig,
+    PromptLookup, Request, SpecConfig, Stats,
+};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::load::ModelFile;
-use crate::model::runner::{BoxedLm, Runner};
+use crate::model::runner::{BoxedLm, Lm, Runner};
 use crate::model::tokenizer::{apply_chat_template, ChatMessage, StreamDecoder, Tokenizer};
 use crate::model::transformer::Transformer;
 use crate::model::weights::ModelWeights;
@@ -66,6 +69,11 @@ pub struct EngineOptions {
     /// Where the SSD draft runs: its own thread natively; `false` runs it inline (the same
     /// tokens, no overlap). The browser supplies a Web Worker instead ([`Engine::set_ssd_draft`]).
     pub ssd_thread: bool,
+    /// Draft by prompt lookup (no draft model; SD only) instead of with a model.
+    pub lookup: Option<NgramConfig>,
+    /// With a draft and more than one mode prepared: time a few target and draft steps at load
+    /// (about a second) and make the fastest mode and K for this placement the default.
+    pub auto: bool,
 }
 
 impl Default for EngineOptions {
@@ -77,6 +85,8 @@ impl Default for EngineOptions {
             context: 4096,
             modes: Vec::new(),
             ssd_thread: cfg!(not(target_arch = "wasm32")),
+            lookup: None,
+            auto: true,
         }
     }
 }
@@ -151,7 +161,46 @@ pub struct Engine {
     separate_draft: bool,
     sd_draft: Option<BoxedLm>,
     ssd_draft: Option<DraftWorker>,
+    /// The target for SSD when it shares the CPU with its draft: on its part of the cores.
+    ssd_target: Option<BoxedLm>,
+    lookup: Option<NgramConfig>,
     spec: SpecConfig,
+    /// The measured choice of mode and K, refined by the acceptance later generations see.
+    choice: Option<Choice>,
+}
+
+/// Per-token acceptance assumed before any generation has measured it: a model draft of the
+/// target's family on code (measured 0.8-0.9), prompt lookup on text that partly copies its input.
+const PRIOR_ACCEPTANCE: f64 = 0.8;
+const PRIOR_LOOKUP_ACCEPTANCE: f64 = 0.6;
+
+/// The per-token acceptance `a` under which K-token proposals have `fraction` of their tokens
+/// accepted on average (token i is accepted with probability a^i).
+fn per_token_acceptance(fraction: f64, k: usize) -> f64 {
+    let accepted = |a: f64| (1..=k).map(|i| a.powi(i as i32)).sum::<f64>() / k as f64;
+    let (mut lo, mut hi) = (0.0, 1.0);
+    for _ in 0..40 {
+        let mid = (lo + hi) / 2.0;
+        if accepted(mid) < fraction {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (lo + hi) / 2.0
+}
+
+/// SSD's threads (target, draft) when both models run on all the CPU's cores by default (0
+/// threads each) and the draft on a thread of its own: SSD runs them at once, so they split the
+/// cores rather than oversubscribe them. SD and AR run one model at a time, on all cores.
+/// Thread counts given explicitly are left as they are.
+fn cpu_split(opts: &EngineOptions) -> Option<(usize, usize)> {
+    let all = |d: &Device| matches!(d, Device::Cpu { threads: 0, .. });
+    if !(opts.ssd_thread && all(&opts.target) && all(&opts.draft)) {
+        return None;
+    }
+    let n = std::thread::available_parallelism().ok()?.get();
+    (n >= 2).then(|| (n - n / 2, n / 2))
 }
 
 /// A draft must speak the target's vocabulary: token ids, not text, pass between them.
@@ -192,23 +241,59 @@ impl Engine {
         if let Some(d) = &draft {
             check_vocab(&target.tokenizer, &d.tokenizer)?;
         }
+        if let Some(lookup) = &opts.lookup {
+            lookup.validate()?;
+            if draft.is_some() {
+                return Err(Error::InvalidArgument("prompt lookup drafts without a draft model: give one or the other".into()));
+            }
+            if opts.modes.contains(&Mode::Ssd) {
+                return Err(Error::InvalidArgument(lookup_ssd()));
+            }
+        }
         let capacity = Self::capacity(&target.weights.config, opts);
-        let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
+        // Prompt lookup replaces the draft model.
+        let wants = |m: Mode| opts.lookup.is_none() && (opts.modes.is_empty() || opts.modes.contains(&m));
         // The target needs no speculation scratch: its cache is exactly the context window.
         let context = opts.context.min(target.weights.config.context_length);
-        let target_lm = wrap(opts.target.runner(&target.weights, context).await?);
+        let mut target_lm = wrap(opts.target.runner(&target.weights, context).await?);
         let separate_draft = draft.is_some();
         let draft_weights = &draft.as_ref().unwrap_or(&target).weights;
-        let sd_draft = match wants(Mode::Sd) {
+        let mut sd_draft = match wants(Mode::Sd) {
             true => Some(opts.draft.runner(draft_weights, capacity).await?),
             false => None,
         };
+        let split = cpu_split(opts);
         let ssd_draft = match wants(Mode::Ssd) {
             true => {
-                let lm = opts.draft.runner(draft_weights, capacity).await?;
+                let device = match (split, &opts.draft) {
+                    (Some((_, threads)), Device::Cpu { precision, .. }) => Device::Cpu { threads, precision: *precision },
+                    _ => opts.draft.clone(),
+                };
+                let lm = device.runner(draft_weights, capacity).await?;
                 Some(if opts.ssd_thread { DraftWorker::new(lm)? } else { DraftWorker::inline(lm) })
             }
             false => None,
+        };
+        let ssd_target = match (split, &opts.target) {
+            (Some((threads, _)), Device::Cpu { precision, .. }) if ssd_draft.is_some() => {
+                Some(Device::Cpu { threads, precision: *precision }.runner(&target.weights, capacity).await?)
+            }
+            _ => None,
+        };
+        let several_modes = opts.modes.len() != 1;
+        let choice = match (draft.is_some() || opts.lookup.is_some()) && opts.auto && several_modes {
+            true if opts.lookup.is_some() => {
+                let costs = Costs::measure(target_lm.as_mut(), None, false).await?;
+                Some(costs.choose(PRIOR_LOOKUP_ACCEPTANCE, 0))
+            }
+            true if sd_draft.is_some() => {
+                let cpu = |d: &Device| matches!(d, Device::Cpu { .. });
+                let parallel = !(cpu(&opts.target) && cpu(&opts.draft));
+                let draft_lm = sd_draft.as_deref_mut().map(|d| d as &mut dyn Lm);
+                let costs = Costs::measure(target_lm.as_mut(), draft_lm, parallel).await?;
+                Some(costs.choose(PRIOR_ACCEPTANCE, if ssd_draft.is_some() { opts.spec.k } else { 0 }))
+            }
+            _ => None,
         };
         Ok(Engine {
             tokenizer: target.tokenizer,
@@ -217,7 +302,10 @@ impl Engine {
             separate_draft,
             sd_draft,
             ssd_draft,
+            ssd_target,
+            lookup: opts.lookup,
             spec: opts.spec.clone(),
+            choice,
         })
     }
 
@@ -258,14 +346,26 @@ impl Engine {
         self.target.backend_name()
     }
 
-    /// Whether a draft model other than the target was loaded.
+    /// Whether a draft other than the target was given (a model or prompt lookup).
     pub fn has_draft(&self) -> bool {
-        self.separate_draft
+        self.separate_draft || self.lookup.is_some()
     }
 
-    /// The mode a generation runs in when none is asked for: SSD when its draft computes beside
-    /// the target; with the draft inline, SSD's speculation would only add to every round, so SD.
+    /// The measured choice of mode and K, when the engine made one.
+    pub fn choice(&self) -> Option<&Choice> {
+        self.choice.as_ref()
+    }
+
+    /// The mode a generation runs in when none is asked for: the measured choice (mode auto), SD
+    /// for prompt lookup, SSD when its draft computes beside the target; with the SSD draft
+    /// inline, its speculation would only add to every round, so SD.
     pub fn default_mode(&self) -> Mode {
+        if let Some(c) = &self.choice {
+            return c.mode();
+        }
+        if self.lookup.is_some() {
+            return Mode::Sd;
+        }
         if !self.separate_draft {
             return Mode::Ar;
         }
@@ -307,7 +407,9 @@ impl Engine {
         opts.validate()?;
         let ids = self.encode(prompt)?;
         let mode = opts.mode.unwrap_or_else(|| self.default_mode());
+        let auto = self.choice.as_ref().filter(|_| opts.mode.is_none() && opts.spec.is_none());
         let spec = match &opts.spec {
+            None if auto.is_some() => SpecConfig { k: auto.map_or(self.spec.k, |c| c.k), ..self.spec.clone() },
             Some(s) if s.draft_scratch() > self.spec.draft_scratch() => {
                 return Err(Error::InvalidArgument(format!(
                     "spec_k {} with fan-out {} needs more draft cache than this engine was built for (spec_k {}, fan-out {}); load it with the larger setting",
@@ -339,25 +441,37 @@ impl Engine {
             }
             on_text(&text, toks.len())
         };
-        let target = self.target.as_mut();
+        let target: &mut dyn Lm = self.target.as_mut();
         let g = match mode {
             Mode::Ar => generate_ar(target, &req, &mut sink).await,
+            Mode::Sd if self.lookup.is_some() => {
+                let vocab = target.config().vocab_size;
+                let mut lookup = PromptLookup::new(self.lookup.unwrap_or_default(), vocab)?;
+                generate_sd_with(target, &mut lookup, &req, &spec, &mut sink).await
+            }
             Mode::Sd => {
                 let draft = self.sd_draft.as_deref_mut().ok_or_else(|| not_prepared(mode))?;
                 generate_sd(target, draft, &req, &spec, &mut sink).await
             }
+            Mode::Ssd if self.lookup.is_some() => Err(Error::InvalidArgument(lookup_ssd())),
             Mode::Ssd => {
                 let draft = self.ssd_draft.as_mut().ok_or_else(|| not_prepared(mode))?;
+                let target = self.ssd_target.as_deref_mut().map_or(target, |t| t as &mut dyn Lm);
                 generate_ssd(target, draft, &req, &spec, &mut sink).await
             }
         }?;
         if let Some(e) = stream_err {
             return Err(e);
         }
+        let mut g = g;
+        if auto.is_some() {
+            g.stats.auto = self.choice.clone();
+        }
         let rest = stream.finish()?;
         if !rest.is_empty() {
             on_text(&rest, 0);
         }
+        self.learn(mode, &spec, &g.stats);
         Ok(Completion {
             text: self.tokenizer.decode(&g.tokens)?,
             tokens: g.tokens,
@@ -366,6 +480,25 @@ impl Engine {
             stats: g.stats,
         })
     }
+}
+
+impl Engine {
+    /// Refine the choice of mode with the acceptance a speculative generation measured.
+    fn learn(&mut self, mode: Mode, spec: &SpecConfig, stats: &Stats) {
+        let (Some(choice), Some(fraction)) = (&self.choice, stats.acceptance_rate) else { return };
+        if mode == Mode::Ar {
+            return;
+        }
+        let a = (choice.acceptance + per_token_acceptance(fraction, spec.k)) / 2.0;
+        let ssd_max_k = if self.ssd_draft.is_some() { self.spec.k } else { 0 };
+        self.choice = Some(choice.costs.choose(a, ssd_max_k));
+    }
+}
+
+/// Why SSD does not take prompt lookup: a lookup costs nothing, so there is no drafting to
+/// overlap with verification, and SD with it is already what SSD would be.
+fn lookup_ssd() -> String {
+    "mode ssd needs a draft model; prompt lookup drafts at no cost, so use it with mode sd".into()
 }
 
 fn not_prepared(mode: Mode) -> Error {

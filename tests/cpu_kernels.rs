@@ -2,14 +2,15 @@
 //! dotted in f64), on random blocks, odd shapes and batch sizes 1 to 64, for both the portable and
 //! the best kernels of this machine.
 //!
-//! Tolerance. Quantized weights are dotted with activations quantized to two 8-bit parts per block,
-//! `x ≈ d q + d' q'` (`d = max|x| / 127` over the 32 or 256 activations of the block, `q'` the
-//! remainder quantized the same way), so each activation is off by at most `d' / 2 <= d / 508` and a
-//! dot product by at most `Σ_j |w_j| d_j / 508`. The test allows exactly that bound plus
-//! `2e-5 Σ_j |w_j x_j|` for f32 rounding. Float weights see no activation quantization and are
-//! allowed `1e-5 Σ_j |w_j x_j|`. The portable and best kernels compute the same integer sums, so
-//! they must agree to `1e-5 Σ_j |w_j x_j|`. At `Precision::Fast` (one 8-bit part) each activation is
-//! off by at most `d / 2`, and the bound is scaled accordingly.
+//! Tolerance. Quantized weights are dotted with activations quantized to symmetric integers per
+//! block, `q = round(x / d)` with `d = max|x| / L` over the 32 or 256 activations of the block
+//! (`L = 32767` at `Precision::Exact`, 16 bits; `L = 127` at `Precision::Fast`, 8 bits), so each
+//! activation is off by at most `d / 2` and a dot product by at most `Σ_j |w_j| d_j / 2`. The test
+//! allows exactly that bound plus `2e-5 Σ_j |w_j x_j|` for f32 rounding. Float weights see no
+//! activation quantization and are allowed `1e-5 Σ_j |w_j x_j|`. The portable and best kernels
+//! compute the same integer sums, so they must agree to `1e-5 Σ_j |w_j x_j|`. Random weight bytes
+//! reach the extremes of every format (Q6_K scales of -128, 6-bit values of 0 and 63) that bound the
+//! kernels' i32 partial sums.
 //!
 //! The same tests run in headless Chromium on wasm32 (`scripts/test-wasm.sh`), where the best
 //! kernels are the simd128 ones.
@@ -38,16 +39,16 @@ fn reference(dtype: DType, precision: Precision, w: &[f32], x: &[f32]) -> (f64, 
     let Some(bs) = act_block else {
         return (exact, 1e-5 * magnitude + 1e-6);
     };
-    let per_d = match precision {
-        Precision::Exact => 508.0,
-        Precision::Fast => 2.0,
+    let levels = match precision {
+        Precision::Exact => 32767.0,
+        Precision::Fast => 127.0,
     };
     let rounding: f64 = w
         .chunks(bs)
         .zip(x.chunks(bs))
         .map(|(w, x)| {
-            let d = x.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
-            w.iter().map(|&w| (w as f64).abs()).sum::<f64>() * d / per_d
+            let d = x.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / levels;
+            w.iter().map(|&w| (w as f64).abs()).sum::<f64>() * d / 2.0
         })
         .sum();
     (exact, rounding + 2e-5 * magnitude + 1e-6)
@@ -125,6 +126,40 @@ fn single_thread_and_wide_rows() {
                 let (want, tol) = reference(dtype, Precision::Exact, &wf[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
                 let got = out[i * n + r] as f64;
                 assert!((got - want).abs() <= tol, "{dtype:?} row {i} col {r}: {got} vs {want} (tol {tol})");
+            }
+        }
+    }
+}
+
+/// K-quant blocks whose every product is as large as the format allows (largest values and
+/// scales, or Q6_K's most negative value and scale), dotted with activations at full scale: the
+/// kernels' i32 partial sums are at their bound here, so an overflow would show.
+#[test]
+fn extreme_k_blocks_do_not_overflow() {
+    let pool = CpuPool::new(2).unwrap();
+    let one = half::f16::from_f32(1.0).to_le_bytes();
+    let blocks = 6;
+    for (dtype, fill, d_at) in [(DType::Q4K, 0xFFu8, 0), (DType::Q5K, 0xFF, 0), (DType::Q6K, 0x00, 208)] {
+        let mut block = vec![fill; dtype.block_bytes()];
+        if dtype == DType::Q6K {
+            block[192..208].fill(0x80); // scales of -128 with values 0 - 32
+        } else {
+            block[2..4].copy_from_slice(&half::f16::from_f32(0.0).to_le_bytes()); // no offset
+        }
+        block[d_at..d_at + 2].copy_from_slice(&one);
+        let (n, k) = (3, blocks * quant::QK_K);
+        let data: Vec<u8> = (0..n * blocks).flat_map(|_| block.iter().copied()).collect();
+        let w = saguaro::model::weights::Weight::new(dtype, n, k, saguaro::model::weights::Bytes::from_vec(data)).unwrap();
+        let wf = w.to_f32();
+        for sign in [1.0f32, -1.0] {
+            let x = vec![sign; 5 * k];
+            for (path, precision) in [(KernelPath::Best, Precision::Exact), (KernelPath::Best, Precision::Fast), (KernelPath::Scalar, Precision::Exact)] {
+                let mut out = vec![0.0; 5 * n];
+                matmul_with(&pool, path, precision, &x, 5, &w, &mut out);
+                let (want, tol) = reference(dtype, precision, &wf[..k], &x[..k]);
+                for &got in &out {
+                    assert!((got as f64 - want).abs() <= tol, "{dtype:?} {path:?} {precision:?}: {got} vs {want}");
+                }
             }
         }
     }

@@ -15,7 +15,8 @@ use saguaro::backend::Batch;
 use saguaro::decode::speculative::Fault;
 use saguaro::decode::ssd::tree::Tree;
 use saguaro::decode::{
-    generate_ar, generate_sd, generate_ssd, Backup, DraftWorker, FinishReason, Generation, Request, SpecConfig,
+    generate_ar, generate_sd, generate_sd_with, generate_ssd, Backup, DraftWorker, FinishReason, Generation, NgramConfig,
+    PromptLookup, Request, SpecConfig,
 };
 use saguaro::model::load::ModelFile;
 use saguaro::model::runner::{append, Lm, Runner, Want};
@@ -35,6 +36,11 @@ fn ar(target: &mut dyn Lm, req: &Request) -> Generation {
 
 fn sd(target: &mut dyn Lm, draft: &mut dyn Lm, req: &Request, spec: &SpecConfig) -> Generation {
     block_on(generate_sd(target, draft, req, spec, &mut |_| true)).unwrap()
+}
+
+fn sd_lookup(target: &mut dyn Lm, req: &Request, spec: &SpecConfig, config: NgramConfig) -> Generation {
+    let mut drafter = PromptLookup::new(config, target.config().vocab_size).unwrap();
+    block_on(generate_sd_with(target, &mut drafter, req, spec, &mut |_| true)).unwrap()
 }
 
 fn ssd(target: &mut dyn Lm, draft: &mut DraftWorker, req: &Request, spec: &SpecConfig) -> Generation {
@@ -152,6 +158,34 @@ fn greedy_qwen_pair() {
     let specs = [spec(3, "geometric:4", 1.0, Backup::Jit), spec(3, "top-p:0.8", 0.5, Backup::Fast)];
     // The draft at fast precision, as the CLI runs it: its numerics differ, the output must not.
     assert_greedy_lossless(&t.weights, &d.weights, Precision::Fast, &prompts, 4, &specs, 2);
+}
+
+/// An edit: the answer copies the prompt's code with one name changed, so prompt lookup proposes
+/// long runs of it.
+const EDIT_PROMPT: &str = "def total(items):\n    result = 0\n    for item in items:\n        result += item.price * item.count\n    return result\n\n# The same function with `result` renamed to `acc`:\ndef total(items):\n";
+
+#[test]
+fn greedy_prompt_lookup_equals_ar() {
+    let m = real(util::SMOLLM2);
+    let mut prompts = golden_prompts(m);
+    prompts.push(m.tokenizer.encode(EDIT_PROMPT).unwrap());
+    let mut t = cpu_runner(&m.weights);
+    for (i, prompt) in prompts.iter().enumerate() {
+        let req = request(prompt, GREEDY_TOKENS, SamplingParams::default());
+        let want = ar(&mut t, &req).tokens;
+        for (k, config) in [(1, NgramConfig::default()), (4, NgramConfig { min: 1, max: 2 }), (7, NgramConfig::default())] {
+            let g = sd_lookup(&mut t, &req, &spec(k, "uniform:1", 1.0, Backup::Jit), config);
+            assert_eq!(g.tokens, want, "prompt {i}: prompt lookup with K={k}, {config:?}");
+        }
+    }
+    // The Qwen target on the edit, where most proposals are accepted.
+    let q = real(util::QWEN_15B);
+    let req = request(&q.tokenizer.encode(EDIT_PROMPT).unwrap(), GREEDY_TOKENS, SamplingParams::default());
+    let mut t = cpu_runner(&q.weights);
+    let g = sd_lookup(&mut t, &req, &spec(6, "uniform:1", 1.0, Backup::Jit), NgramConfig::default());
+    assert_eq!(g.tokens, ar(&mut t, &req).tokens, "Qwen 1.5B, prompt lookup on the edit");
+    let s = &g.stats;
+    assert!(s.mean_accepted.unwrap() > 2.0, "the edit copies its input, so lookups should mostly be accepted: {s:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -405,6 +439,21 @@ fn sampling_sd_is_lossless() {
         &sd_counts(params, &spec(3, "uniform:1", 1.0, Backup::Jit), SAMPLES),
         exact(params),
     );
+}
+
+#[test]
+fn sampling_sd_with_prompt_lookup_is_lossless() {
+    // One-token matches, so that the short sequences get proposals often.
+    let config = NgramConfig { min: 1, max: 2 };
+    let mut t = runner(&tiny().target, TINY_CAPACITY);
+    let mut proposed = 0;
+    let counts = Counts::of(SAMPLES, |seed| {
+        let g = sd_lookup(&mut t, &seeded(top4_sampling(), seed), &spec(K, "uniform:1", 1.0, Backup::Jit), config);
+        proposed += g.stats.acceptance_rate.is_some() as u64;
+        g.tokens
+    });
+    assert!(proposed > SAMPLES / 10, "only {proposed} of {SAMPLES} generations had a proposal: the test proves little");
+    assert_unbiased("sd prompt lookup", &counts, exact(top4_sampling()));
 }
 
 #[test]

@@ -3,6 +3,9 @@
 //! [`Lm`]; they never touch kernels.
 
 pub mod autoregressive;
+pub mod choice;
+pub mod drafter;
+pub mod ngram;
 pub mod speculative;
 pub mod ssd;
 
@@ -17,7 +20,10 @@ use crate::model::runner::Lm;
 use crate::sampling::SamplingParams;
 
 pub use autoregressive::generate_ar;
-pub use speculative::{generate_sd, Backup, Fanout, Mode, SpecConfig};
+pub use choice::{Choice, Costs};
+pub use drafter::{Drafter, ModelDrafter};
+pub use ngram::{NgramConfig, PromptLookup};
+pub use speculative::{generate_sd, generate_sd_with, Backup, Fanout, Mode, SpecConfig};
 pub use ssd::{generate_ssd, DraftHost, DraftWorker};
 
 /// What to generate.
@@ -150,6 +156,9 @@ pub struct Stats {
     /// SD/SSD: each round's times, for drawing how draft and target overlap.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeline: Option<Vec<RoundTimes>>,
+    /// When the engine chose the mode and K: its choice and the costs it measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto: Option<Choice>,
 }
 
 /// One SD/SSD round, in ms from the start of decoding (after the prefill).

@@ -9,8 +9,9 @@ use std::str::FromStr;
 use web_time::Instant;
 
 use super::autoregressive::pick;
+use super::drafter::{Drafter, ModelDrafter};
 use super::ssd::tree::Tree;
-use super::{context_of, elapsed_ms, Generation, Output, Request, RoundTimes, Sink, Stats};
+use super::{elapsed_ms, Generation, Output, Request, RoundTimes, Sink, Stats};
 use crate::backend::Batch;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
@@ -325,18 +326,30 @@ pub async fn generate_sd(
     sink: Sink<'_>,
 ) -> Result<Generation> {
     check_draft(target.config(), draft.config())?;
+    req.validate(draft, 0)?;
+    generate_sd_with(target, &mut ModelDrafter::new(draft), req, spec, sink).await
+}
+
+/// Speculative decoding of `req` on `target` with proposals of up to `spec.k` tokens from
+/// `drafter`.
+pub async fn generate_sd_with(
+    target: &mut dyn Lm,
+    drafter: &mut dyn Drafter,
+    req: &Request,
+    spec: &SpecConfig,
+    sink: Sink<'_>,
+) -> Result<Generation> {
     spec.validate()?;
     let target_room = req.validate(target, 0)?;
-    let room = req.speculative_room(target_room, req.room(context_of(draft.config(), draft.capacity(), 0)))?;
+    let room = req.speculative_room(target_room, drafter.room(req))?;
     target.truncate(0);
-    draft.truncate(0);
     let mut rng = Rng::new(req.sampling.seed);
     let mut drng = draft_rng(req.sampling.seed);
     let mut stats = Stats { mode: "sd".into(), prompt_tokens: req.prompt.len(), ..Stats::default() };
     let t0 = Instant::now();
     let logits = append(target, &req.prompt, Want::LastLogits).await?.logits();
     let mut rec = pick(&logits, req, &mut rng);
-    append(draft, &req.prompt, Want::LastLogits).await?;
+    drafter.start(&req.prompt).await?;
     stats.prefill_ms = elapsed_ms(t0);
 
     let t1 = Instant::now();
@@ -344,16 +357,10 @@ pub async fn generate_sd(
     out.push(&[rec]);
     let mut tally = Tally::new(t1);
     let mut draft_ms = 0.0;
-    // Committed tokens the draft's cache does not hold yet.
-    let mut pending = Vec::new();
     while !out.done() {
         let n = spec.k.min(out.remaining() - 1);
-        let start = draft.len();
-        let mut feed = std::mem::take(&mut pending);
-        feed.push(rec);
         let td = Instant::now();
-        let mut drafting = Drafting { params: &req.sampling, rng: &mut drng, saguaro: None };
-        let proposal = self::draft(draft, &feed, n, &mut drafting).await?;
+        let proposal = drafter.propose(rec, n, &req.sampling, &mut drng).await?;
         let draft_span = Span::since(td);
         draft_ms += draft_span.ms();
 
@@ -361,19 +368,11 @@ pub async fn generate_sd(
         let o = verify(target, rec, &proposal, &req.sampling, &mut rng, spec.fault).await?;
         let verify_span = Span::since(tv);
 
-        // The draft's cache holds feed and s1..s(n-1); keep what was committed.
-        if n == 0 {
-            pending = feed;
-        } else {
-            draft.truncate(start + feed.len() + o.accepted.min(n - 1));
-            if o.accepted == n {
-                pending.push(proposal.tokens[n - 1]);
-            }
-        }
+        drafter.accept(&proposal, o.accepted);
         let mut toks = proposal.tokens[..o.accepted].to_vec();
         toks.push(o.bonus);
         let committed = out.push(&toks);
-        tally.round(n, o, committed, verify_span, Some(draft_span), None);
+        tally.round(proposal.tokens.len(), o, committed, verify_span, Some(draft_span), None);
         rec = o.bonus;
     }
     let decode_ms = elapsed_ms(t1);

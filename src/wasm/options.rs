@@ -7,7 +7,7 @@ use wasm_bindgen::prelude::*;
 
 use super::js_error_with;
 use crate::backend::cpu::Precision;
-use crate::decode::{Backup, Fanout, Mode, SpecConfig};
+use crate::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig};
 use crate::engine::{Device, EngineOptions, GenerateOptions, Prompt};
 use crate::model::config::ModelConfig;
 use crate::model::tokenizer::ChatMessage;
@@ -36,6 +36,8 @@ pub struct LoadOpts {
     backup: Option<String>,
     /// Modes to prepare a local draft for ("sd", "ssd"); the JS side attaches a worker draft.
     modes: Option<Vec<String>>,
+    /// Draft by prompt lookup (no draft model; mode "sd").
+    prompt_lookup: Option<bool>,
 }
 
 fn device(name: Option<&str>, option: &str, precision: Precision) -> Result<Device, JsValue> {
@@ -81,6 +83,8 @@ impl LoadOpts {
             // Ar alone prepares no local draft at all: the draft then lives in its worker.
             modes: if modes.is_empty() { vec![Mode::Ar] } else { modes },
             ssd_thread: false,
+            lookup: self.prompt_lookup.unwrap_or(false).then(NgramConfig::default),
+            auto: true,
         })
     }
 }

@@ -1,37 +1,30 @@
 //! `x [m, k] @ W[n, k]^T` with W read in its storage type, block by block, never as f32 rows.
 //!
-//! Quantized weights are dotted with activations quantized once per call to 8-bit blocks (Q8_0-like
-//! for the 32-value formats, Q8_K-like for the K-quants) in integer arithmetic; float weights with
-//! f32 activations. Threads split the weight rows; a kernel applies each weight row, decoded once,
-//! to up to [`MAX_ROWS`] activation rows, so a small batch reads the weights once.
+//! Quantized weights are dotted with activations quantized once per call to 16- or 8-bit blocks
+//! (Q8_0-like for the 32-value formats, Q8_K-like for the K-quants) in integer arithmetic; float
+//! weights with f32 activations. Threads split the weight rows; a kernel applies each weight row,
+//! decoded once, to up to [`MAX_ROWS`] activation rows, so a small batch (a decode, a verification
+//! of K+1 tokens, a tree step) reads and decodes the weights once.
 
 use std::sync::OnceLock;
 
 use super::kernels::{self, Kernels, RowsFn, MAX_ROWS};
 use super::pool::{Pool, SharedMut};
-use super::quantize::{quantize_q8, quantize_q8k};
+use super::quantize::{quantize_32, quantize_k};
 use crate::model::quant::{DType, QK, QK_K};
 use crate::model::weights::Weight;
 
 /// How precisely activations are quantized for the integer kernels of quantized weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
-    /// Two 8-bit parts per activation (about 15 bits): logits within float noise of an f32
-    /// computation, as the golden parity tests demand of a target.
+    /// 16-bit activations: logits within float noise of an f32 computation, as the golden parity
+    /// tests demand of a target.
     #[default]
     Exact,
-    /// One 8-bit part, as the fastest CPU engines use: half the integer work per row, logits off
-    /// by up to about 0.5. Right for a draft model, whose proposals the target verifies exactly.
+    /// 8-bit activations, as the fastest CPU engines use: half the activation bytes and no
+    /// widening of the weights, logits off by up to about 0.5. Right for a draft model, whose
+    /// proposals the target verifies exactly.
     Fast,
-}
-
-impl Precision {
-    fn parts(self) -> usize {
-        match self {
-            Precision::Exact => 2,
-            Precision::Fast => 1,
-        }
-    }
 }
 
 /// Which kernels a matmul runs.
@@ -120,24 +113,42 @@ pub fn matmul_with(pool: &Pool, path: KernelPath, precision: Precision, x: &[f32
         return;
     }
     let isa = Isa::of(path);
-    let parts = precision.parts();
     let dtype = w.dtype;
     let floats = |dtype| isa.pick(|k| (k.float)(dtype));
+    let exact = precision == Precision::Exact;
     match dtype {
-        DType::F32 | DType::F16 | DType::BF16 => run(pool, w, x, m, 1, floats(dtype), false, out),
-        _ if m > DEQUANTIZE_ABOVE => run(pool, w, x, m, 1, floats(DType::F32), true, out),
+        DType::F32 | DType::F16 | DType::BF16 => run(pool, w, x, m, floats(dtype), false, out),
+        _ if m > DEQUANTIZE_ABOVE => run(pool, w, x, m, floats(DType::F32), true, out),
+        DType::Q4K | DType::Q5K | DType::Q6K if exact => {
+            integer(pool, isa, w, x, m, QK_K, quantize_k::<i16>, isa.pick(|k| (k.qk_16)(dtype)), out)
+        }
         DType::Q4K | DType::Q5K | DType::Q6K => {
-            let q = quantize(pool, x, m, parts * k / QK_K, |x, q| quantize_q8k(x, q, isa.avx2()));
-            run(pool, w, &q, m, parts, isa.pick(|k| (k.qk)(dtype)), false, out)
+            integer(pool, isa, w, x, m, QK_K, quantize_k::<i8>, isa.pick(|k| (k.qk)(dtype)), out)
         }
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => {
-            let q = quantize(pool, x, m, parts * k / QK, |x, q| quantize_q8(x, q, isa.avx2()));
-            run(pool, w, &q, m, parts, isa.pick(|k| (k.q32)(dtype)), false, out)
-        }
+        _ if exact => integer(pool, isa, w, x, m, QK, quantize_32::<i16>, isa.pick(|k| (k.q32_16)(dtype)), out),
+        _ => integer(pool, isa, w, x, m, QK, quantize_32::<i8>, isa.pick(|k| (k.q32)(dtype)), out),
     }
 }
 
-/// The `m` rows of `x` quantized into `per_row` blocks each (every part), rows spread over the pool.
+/// A quantized weight's matmul: the activations quantized by `quant` into blocks of `block`
+/// values, then dotted by `kernel`.
+#[allow(clippy::too_many_arguments)]
+fn integer<B: Default + Copy + Send + Sync>(
+    pool: &Pool,
+    isa: Isa,
+    w: &Weight,
+    x: &[f32],
+    m: usize,
+    block: usize,
+    quant: fn(&[f32], &mut [B], bool),
+    kernel: RowsFn<B>,
+    out: &mut [f32],
+) {
+    let q = quantize(pool, x, m, w.cols / block, |x, q| quant(x, q, isa.avx2()));
+    run(pool, w, &q, m, kernel, false, out)
+}
+
+/// The `m` rows of `x` quantized into `per_row` blocks each, rows spread over the pool.
 fn quantize<B: Default + Copy + Send>(
     pool: &Pool,
     x: &[f32],
@@ -166,23 +177,12 @@ fn chunk_rows(pool: &Pool, n: usize, row_bytes: usize) -> usize {
     balance.min(L2_SHARE / row_bytes.max(1)).max(1)
 }
 
-/// `out = x w^T` where each of the `m` rows of `x` is `parts` activation rows whose products add
-/// up; with `dequantize`, each chunk of weight rows is first dequantized to f32 for `kernel`.
-#[allow(clippy::too_many_arguments)]
-fn run<A: Sync>(
-    pool: &Pool,
-    w: &Weight,
-    x: &[A],
-    m: usize,
-    parts: usize,
-    kernel: RowsFn<A>,
-    dequantize: bool,
-    out: &mut [f32],
-) {
+/// `out = x w^T` for the `m` rows of `x`; with `dequantize`, each chunk of weight rows is first
+/// dequantized to f32 for `kernel`.
+fn run<A: Sync>(pool: &Pool, w: &Weight, x: &[A], m: usize, kernel: RowsFn<A>, dequantize: bool, out: &mut [f32]) {
     let (n, k) = (w.rows, w.cols);
     let per_row = x.len() / m;
     let rows = chunk_rows(pool, n, if dequantize { 4 * k } else { w.row_bytes() });
-    let group = MAX_ROWS / parts;
     let out_ptr = SharedMut(out.as_mut_ptr());
     pool.for_each(n.div_ceil(rows), |c| {
         let out_ptr = out_ptr;
@@ -195,16 +195,15 @@ fn run<A: Sync>(
         let tile = unsafe { std::slice::from_raw_parts(tile.as_ptr() as *const u8, 4 * tile.len()) };
         let wc = if dequantize { tile } else { w.rows_range(own.clone()) };
         let mut o = vec![0.0f32; own.len() * MAX_ROWS];
-        for i0 in (0..m).step_by(group) {
-            let g = group.min(m - i0);
-            let gp = g * parts;
-            let o = &mut o[..own.len() * gp];
-            // SAFETY: `pick` chose kernels this CPU runs; the group holds g * parts activation rows.
-            unsafe { kernel(wc, &x[i0 * per_row..(i0 + g) * per_row], gp, o) };
-            for (r, o) in own.clone().zip(o.chunks_exact(gp)) {
-                for (i, o) in o.chunks_exact(parts).enumerate() {
+        for i0 in (0..m).step_by(MAX_ROWS) {
+            let g = MAX_ROWS.min(m - i0);
+            let o = &mut o[..own.len() * g];
+            // SAFETY: `pick` chose kernels this CPU runs; the group holds g activation rows.
+            unsafe { kernel(wc, &x[i0 * per_row..(i0 + g) * per_row], g, o) };
+            for (r, o) in own.clone().zip(o.chunks_exact(g)) {
+                for (i, &o) in o.iter().enumerate() {
                     // SAFETY: (i0 + i, r) is written by this chunk alone, and out has m * n elements.
-                    unsafe { *out_ptr.0.add((i0 + i) * n + r) = o.iter().sum() };
+                    unsafe { *out_ptr.0.add((i0 + i) * n + r) = o };
                 }
             }
         }

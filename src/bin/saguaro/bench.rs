@@ -12,7 +12,7 @@ use saguaro::engine::{Completion, GenerateOptions, Prompt};
 use saguaro::model::tokenizer::ChatMessage;
 use saguaro::{Error, Result};
 
-use crate::setup::EngineArgs;
+use crate::setup::{EngineArgs, ModeArg};
 
 /// Built-in prompts: code completion and chat, the workloads speculation is for.
 const PROMPTS: &[(&str, bool)] = &[
@@ -26,9 +26,9 @@ const PROMPTS: &[(&str, bool)] = &[
 pub struct BenchArgs {
     #[command(flatten)]
     engine: EngineArgs,
-    /// Comma-separated modes to compare.
+    /// Comma-separated modes to compare (auto: the engine's measured choice).
     #[arg(long, value_delimiter = ',', default_value = "ar,sd,ssd")]
-    modes: Vec<Mode>,
+    modes: Vec<ModeArg>,
     /// A JSON file of prompts: an array of strings, or {"prompts": [...]}; used raw (no chat template).
     #[arg(long)]
     prompts: Option<PathBuf>,
@@ -94,7 +94,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut by_mode: Vec<Vec<Completion>> = Vec::new();
     for &mode in &args.modes {
         let mut gens = Vec::new();
-        let opts = GenerateOptions { mode: Some(mode), max_tokens: args.max_tokens, ..GenerateOptions::default() };
+        let opts = GenerateOptions {
+            mode: mode.0,
+            max_tokens: args.max_tokens,
+            spec: args.engine.fixed_spec(),
+            ..GenerateOptions::default()
+        };
         for (i, prompt) in prompts.iter().enumerate() {
             let g = block_on(engine.generate(prompt, &opts, &mut |_, _| true))?;
             eprintln!("{mode} prompt {i}: {} tokens, {:.1} tok/s", g.stats.generated, g.stats.tokens_per_s);
@@ -117,7 +122,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let ms: f64 = gens.iter().map(|g| g.stats.decode_ms).sum();
         decoded as f64 * 1000.0 / ms.max(1e-9)
     };
-    let ar = args.modes.iter().position(|&m| m == Mode::Ar).map(|i| tps(&by_mode[i]));
+    let ar = args.modes.iter().position(|m| m.0 == Some(Mode::Ar)).map(|i| tps(&by_mode[i]));
     let rows: Vec<Row> = args
         .modes
         .iter()
@@ -125,7 +130,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .map(|(mode, gens)| {
             let t = tps(gens);
             Row {
-                mode: mode.to_string(),
+                mode: match gens.first().and_then(|g| g.stats.auto.as_ref()) {
+                    Some(c) => format!("auto: {} k={}", c.mode, c.k),
+                    None => mode.to_string(),
+                },
                 generated: gens.iter().map(|g| g.stats.generated).sum(),
                 tokens_per_s: t,
                 speedup_vs_ar: ar.map(|a| t / a),
@@ -149,12 +157,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         let f = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
         println!(
-            "{:<5} {:>8} {:>8} {:>7} {:>10} {:>6} {:>9} {:>9} {:>8} {:>9}",
+            "{:<14} {:>8} {:>8} {:>7} {:>10} {:>6} {:>9} {:>9} {:>8} {:>9}",
             "mode", "tok/s", "vs AR", "accept", "tok/round", "hits", "overlap", "verify", "glue", "tree step"
         );
         for r in &rows {
             println!(
-                "{:<5} {:>8.2} {:>8} {:>7} {:>10} {:>6} {:>9} {:>9} {:>8} {:>9}",
+                "{:<14} {:>8.2} {:>8} {:>7} {:>10} {:>6} {:>9} {:>9} {:>8} {:>9}",
                 r.mode,
                 r.tokens_per_s,
                 f(r.speedup_vs_ar, 2),

@@ -10,11 +10,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use futures::executor::block_on;
-use saguaro::decode::Mode;
 use saguaro::engine::{Completion, GenerateOptions, Prompt};
 use saguaro::model::tokenizer::ChatMessage;
 use saguaro::{Error, Result};
-use setup::{EngineArgs, SamplingArgs};
+use setup::{EngineArgs, ModeArg, SamplingArgs};
 
 #[derive(Parser)]
 #[command(
@@ -23,10 +22,11 @@ use setup::{EngineArgs, SamplingArgs};
     about = "Run LLMs on the CPU or GPU, fast, with speculative speculative decoding (SSD)",
     long_about = "Run LLMs on the CPU or GPU, fast, with speculative speculative decoding (SSD).\n\n\
         Give a target model (a .gguf file or a Hugging Face directory) and optionally a small draft \
-        model with the same vocabulary. With a draft, `generate` uses SSD by default: while the \
-        target verifies one speculation, the draft speculates the next round for the most likely \
-        verification outcomes. Output is lossless: greedy SD/SSD equals the target's own greedy \
-        output token for token."
+        model with the same vocabulary, or `--draft ngram` (prompt lookup). With a draft, `generate` \
+        times the models at load and runs the fastest mode for where they were placed: SD (the \
+        draft proposes, the target verifies), SSD (while the target verifies one speculation, the \
+        draft speculates the next round for the most likely verification outcomes) or plain AR. \
+        Output is lossless: greedy SD/SSD equals the target's own greedy output token for token."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -50,10 +50,10 @@ enum Command {
 struct GenerateArgs {
     #[command(flatten)]
     engine: EngineArgs,
-    /// Decoding mode: ar (plain), sd (speculative) or ssd (speculative speculative).
-    /// Default: ssd with a --draft, ar without.
-    #[arg(long)]
-    mode: Option<Mode>,
+    /// Decoding mode: auto (with a --draft: the fastest of the others and its K, measured at
+    /// load), ar (plain), sd (speculative) or ssd (speculative speculative).
+    #[arg(long, default_value = "auto")]
+    mode: ModeArg,
     /// The prompt text.
     #[arg(long, conflicts_with = "prompt_file")]
     prompt: Option<String>,
@@ -80,11 +80,15 @@ fn prompt_text(args: &GenerateArgs) -> Result<String> {
 
 fn generate(args: &GenerateArgs) -> Result<()> {
     let text = prompt_text(args)?;
-    let mode = args.mode.unwrap_or(if args.engine.draft.is_some() { Mode::Ssd } else { Mode::Ar });
-    let opts = GenerateOptions { mode: Some(mode), max_tokens: args.sampling.max_tokens, sampling: args.sampling.params(), spec: None };
+    let opts = GenerateOptions {
+        mode: args.mode.0,
+        max_tokens: args.sampling.max_tokens,
+        sampling: args.sampling.params(),
+        spec: args.engine.fixed_spec(),
+    };
     // Checked before the models load, so a bad value is reported at once.
     opts.validate()?;
-    let mut engine = args.engine.engine(&[mode])?;
+    let mut engine = args.engine.engine(&[args.mode])?;
     let prompt = if args.chat { Prompt::Chat(vec![ChatMessage::new("user", &text)]) } else { Prompt::Text(text) };
     let mut stdout = std::io::stdout().lock();
     let json = args.json;

@@ -1,7 +1,9 @@
 //! Turning command-line options into a ready [`Engine`]: the options map onto the library's
 //! [`EngineOptions`]; loading, placement and decoding are the library's.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 use clap::{Args, ValueEnum};
 use futures::executor::block_on;
@@ -9,11 +11,34 @@ use web_time::Instant;
 
 use saguaro::backend::cpu::Precision;
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
-use saguaro::decode::{Backup, Fanout, Mode, SpecConfig};
+use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig};
 use saguaro::engine::{Device, Engine, EngineOptions};
 use saguaro::model::load::{open, ModelFile};
 use saguaro::sampling::SamplingParams;
-use saguaro::Result;
+use saguaro::{Error, Result};
+
+/// A decoding mode, or `auto`: the one the engine measured fastest at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModeArg(pub Option<Mode>);
+
+impl FromStr for ModeArg {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(ModeArg(None)),
+            _ => s.parse().map(|m| ModeArg(Some(m))).map_err(|_| Error::InvalidArgument(format!("mode '{s}': expected auto, ar, sd or ssd"))),
+        }
+    }
+}
+
+impl fmt::Display for ModeArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(m) => m.fmt(f),
+            None => f.write_str("auto"),
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
@@ -58,7 +83,9 @@ pub struct EngineArgs {
     /// Target model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json).
     #[arg(long)]
     pub target: PathBuf,
-    /// Draft model with the target's vocabulary (enables sd/ssd; without it the target drafts for itself).
+    /// Draft model with the target's vocabulary (enables sd/ssd; without it the target drafts for
+    /// itself), or `ngram`: prompt lookup, proposing what followed the text's last few tokens where
+    /// they occurred before (no draft model; sd only).
     #[arg(long)]
     pub draft: Option<PathBuf>,
     /// Where the target runs.
@@ -84,9 +111,9 @@ pub struct EngineArgs {
     /// proposal, so output is unchanged) or exact.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Fast)]
     pub draft_precision: PrecisionArg,
-    /// Draft tokens per round (K).
-    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
-    pub spec_k: usize,
+    /// Draft tokens per round (K). Default: chosen by measurement in mode auto, else 4.
+    #[arg(long, allow_negative_numbers = true)]
+    pub spec_k: Option<usize>,
     /// SSD fan-out: uniform:F (F candidates per outcome), geometric (the paper's allocation from
     /// the measured acceptance rate), or top-p:P (candidate sets holding draft mass P, dynamic budget).
     #[arg(long, default_value = "uniform:2")]
@@ -147,6 +174,20 @@ fn load(path: &Path, role: &str) -> Result<ModelFile> {
 }
 
 impl EngineArgs {
+    pub fn spec(&self) -> SpecConfig {
+        SpecConfig::new(self.spec_k.unwrap_or(4), self.fanout.clone(), self.saguaro_c, self.backup)
+    }
+
+    /// The K a generation must use: the one given, else none (the engine's, or its choice).
+    pub fn fixed_spec(&self) -> Option<SpecConfig> {
+        self.spec_k.map(|_| self.spec())
+    }
+
+    /// Whether `--draft ngram` asks for prompt lookup.
+    pub fn lookup(&self) -> bool {
+        self.draft.as_deref() == Some(Path::new("ngram"))
+    }
+
     fn device(&self, kind: BackendKind, threads: usize, precision: PrecisionArg) -> Device {
         match kind {
             BackendKind::Cpu => Device::Cpu { threads, precision: precision.into() },
@@ -154,23 +195,35 @@ impl EngineArgs {
         }
     }
 
-    /// Load the models and build an engine ready for `modes`.
-    pub fn engine(&self, modes: &[Mode]) -> Result<Engine> {
+    /// Load the models and build an engine ready for `modes` (`auto` among them: every mode).
+    pub fn engine(&self, modes: &[ModeArg]) -> Result<Engine> {
+        let modes: Vec<Mode> = match modes.iter().map(|m| m.0).collect::<Option<Vec<_>>>() {
+            Some(fixed) => fixed,
+            None => Vec::new(),
+        };
         let opts = EngineOptions {
             target: self.device(self.backend, self.threads, self.precision),
             draft: self.device(self.draft_backend, self.draft_threads, self.draft_precision),
-            spec: SpecConfig::new(self.spec_k, self.fanout.clone(), self.saguaro_c, self.backup),
+            spec: self.spec(),
             context: self.context,
-            modes: modes.to_vec(),
+            modes,
+            lookup: self.lookup().then(NgramConfig::default),
             ..EngineOptions::default()
         };
         // Checked before the models load, so a bad value is reported at once.
         opts.validate()?;
         let target = load(&self.target, "target")?;
-        let draft = self.draft.as_deref().map(|p| load(p, "draft")).transpose()?;
+        let draft = self.draft.as_deref().filter(|_| !self.lookup()).map(|p| load(p, "draft")).transpose()?;
         let t = Instant::now();
         let engine = block_on(Engine::new(target, draft, &opts))?;
         eprintln!("target on {} ({:.0} ms to place)", engine.target_backend(), t.elapsed().as_secs_f64() * 1000.0);
+        if let Some(c) = engine.choice() {
+            let verify = c.costs.verify_ms.iter().map(|(n, ms)| format!("{n}: {ms:.0}")).collect::<Vec<_>>().join(", ");
+            eprintln!(
+                "mode auto: {} with K={} (expected {:.2}x AR at acceptance {:.2}; decode {:.0} ms, forward by tokens {verify} ms, draft step {:.0} ms)",
+                c.mode, c.k, c.expected_speedup, c.acceptance, c.costs.decode_ms, c.costs.draft_step_ms
+            );
+        }
         Ok(engine)
     }
 }

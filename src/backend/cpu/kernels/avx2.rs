@@ -1,6 +1,8 @@
-//! x86-64 kernels for AVX2 + FMA + F16C: weight values are decoded to 32 bytes in a register and
-//! multiplied with 32 activation bytes by `maddubs` (unsigned weights times signed activations,
-//! summed in pairs to i16), then widened by `madd` with the scale or with ones.
+//! x86-64 kernels for AVX2 + FMA + F16C: weight values are decoded to 32 bytes in a register. With
+//! 8-bit activations they are multiplied with 32 activation bytes by `maddubs` (unsigned weights
+//! times signed activations, summed in pairs to i16), then widened by `madd` with the scale or
+//! with ones; with 16-bit activations they are widened to i16 and multiplied by their scale once
+//! per block, and each activation row costs two `madd`s.
 
 // Kernels index several per-row arrays by the same row.
 #![allow(clippy::needless_range_loop)]
@@ -93,26 +95,92 @@ unsafe fn chunk_k<F: BlockK>(b: *const u8, t: usize) -> __m256i {
     }
 }
 
+/// How 32 weight values meet 32 activations of one integer type.
+trait Dot: ActInt {
+    /// 32 weight values as the dot wants them.
+    type W: Copy;
+    /// Whether weights are widened to 16 bits (and so may be signed, with any scale applied).
+    const WIDE: bool;
+    /// `v` holds 32 values as bytes, signed where `signed`; the first 16 take scale `sc.0` and the
+    /// last 16 `sc.1`, or none.
+    unsafe fn weights(v: __m256i, sc: Option<(i16, i16)>, signed: bool) -> Self::W;
+    /// Eight i32 partial sums of the 32 products with the activations at `q`.
+    unsafe fn dot(w: Self::W, q: *const Self) -> __m256i;
+}
+
+/// Bytes for `maddubs`, which multiplies unsigned by signed: a signed weight's sign moves onto
+/// its activation. The scale (or ones) widens the pair sums in `madd`.
+#[derive(Clone, Copy)]
+struct Bytes {
+    v: __m256i,
+    sign: Option<__m256i>,
+    sc: __m256i,
+}
+
+impl Dot for i8 {
+    type W = Bytes;
+    const WIDE: bool = false;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weights(v: __m256i, sc: Option<(i16, i16)>, signed: bool) -> Bytes {
+        let sc = sc.map_or(_mm256_set1_epi16(1), |(lo, hi)| _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)));
+        match signed {
+            true => Bytes { v: _mm256_sign_epi8(v, v), sign: Some(v), sc },
+            false => Bytes { v, sign: None, sc },
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot(w: Bytes, q: *const i8) -> __m256i {
+        let q = load(q as *const u8);
+        let q = w.sign.map_or(q, |s| _mm256_sign_epi8(q, s));
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w.v, q), w.sc)
+    }
+}
+
+impl Dot for i16 {
+    type W = [__m256i; 2];
+    const WIDE: bool = true;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weights(v: __m256i, sc: Option<(i16, i16)>, signed: bool) -> [__m256i; 2] {
+        let (lo, hi) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let w = match signed {
+            true => [_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi)],
+            false => [_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi)],
+        };
+        match sc {
+            Some((lo, hi)) => [_mm256_mullo_epi16(w[0], _mm256_set1_epi16(lo)), _mm256_mullo_epi16(w[1], _mm256_set1_epi16(hi))],
+            None => w,
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot(w: [__m256i; 2], q: *const i16) -> __m256i {
+        let lo = _mm256_madd_epi16(w[0], load(q as *const u8));
+        _mm256_add_epi32(lo, _mm256_madd_epi16(w[1], load(q.add(16) as *const u8)))
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q32_rows<F: Block32, const R: usize>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+unsafe fn q32_rows<F: Block32, T: Dot, const R: usize>(w: &[u8], x: &[Act32<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * nb);
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); R];
     let mut mins = [0.0f32; R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * F::BYTES);
         let (d, m) = f16x2(F::dm_bits(std::slice::from_raw_parts(p, 4)));
         let m = F::min(d, m);
-        let v = values32::<F>(p);
-        // maddubs wants unsigned weights: Q8_0 moves each weight's sign onto its activation.
-        let vu = if F::SIGNED { _mm256_sign_epi8(v, v) } else { v };
+        let v = T::weights(values32::<F>(p), None, F::SIGNED);
         for i in 0..R {
             let a = x.get_unchecked(i * nb + b);
-            let q = load(a.qs.as_ptr() as *const u8);
-            let q = if F::SIGNED { _mm256_sign_epi8(q, v) } else { q };
-            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(vu, q), ones);
+            let dot = T::dot(v, a.qs.as_ptr());
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * a.d), acc[i]);
             if !F::SIGNED {
                 mins[i] += m * a.s;
@@ -126,29 +194,43 @@ unsafe fn q32_rows<F: Block32, const R: usize>(w: &[u8], x: &[BlockQ8], out: &mu
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qk_rows<F: BlockK, const R: usize>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
+unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * nb);
+    // Widened Q6_K values can carry their offset of -32, which spares the correction below.
+    let signed = F::SIX && T::WIDE;
+    // Each i32 lane gathers 4 products per chunk.
+    let span = chunks_per_sum(4, F::max_product(signed), T::MAX);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * F::BYTES);
         let s = F::scales(std::slice::from_raw_parts(p, F::BYTES));
         let (d, dc) = f16x2(s.dc_bits);
-        let mut sums = [_mm256_setzero_si256(); R];
-        for t in 0..QK_K / 32 {
-            let v = chunk_k::<F>(p, t);
-            let sc = _mm256_set_m128i(_mm_set1_epi16(s.sc[2 * t + 1]), _mm_set1_epi16(s.sc[2 * t]));
+        for t0 in (0..QK_K / 32).step_by(span) {
+            let mut sums = [_mm256_setzero_si256(); R];
+            for t in t0..t0 + span {
+                let v = chunk_k::<F>(p, t);
+                let v = if signed { _mm256_sub_epi8(v, _mm256_set1_epi8(32)) } else { v };
+                let v = T::weights(v, Some((s.sc[2 * t], s.sc[2 * t + 1])), signed);
+                for i in 0..R {
+                    let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
+                    sums[i] = _mm256_add_epi32(sums[i], T::dot(v, q));
+                }
+            }
             for i in 0..R {
-                let q = load(x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t) as *const u8);
-                sums[i] = _mm256_add_epi32(sums[i], _mm256_madd_epi16(_mm256_maddubs_epi16(v, q), sc));
+                let a = x.get_unchecked(i * nb + b);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), _mm256_set1_ps(d * a.d), acc[i]);
             }
         }
-        let c = load(s.c.as_ptr() as *const u8);
-        for i in 0..R {
-            let a = x.get_unchecked(i * nb + b);
-            let corr = _mm256_madd_epi16(c, load(a.bsums.as_ptr() as *const u8));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), _mm256_set1_ps(d * a.d), acc[i]);
-            acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(dc * a.d), acc[i]);
+        if !signed {
+            let c = |h: usize| _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(s.c.as_ptr().add(8 * h) as *const __m128i)));
+            let c = [c(0), c(1)];
+            for i in 0..R {
+                let a = x.get_unchecked(i * nb + b);
+                let bs = a.bsums.as_ptr();
+                let corr = _mm256_fmadd_ps(c[0], _mm256_loadu_ps(bs), _mm256_mul_ps(c[1], _mm256_loadu_ps(bs.add(8))));
+                acc[i] = _mm256_fnmadd_ps(corr, _mm256_set1_ps(dc * a.d), acc[i]);
+            }
         }
     }
     for i in 0..R {
@@ -202,13 +284,13 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], rows: usize, out: &mut [f32]) {
-    by_rows!(q32_rows::<F>(w, x, rows, out))
+unsafe fn q32<F: Block32, T: Dot>(w: &[u8], x: &[Act32<T>], rows: usize, out: &mut [f32]) {
+    by_rows!(q32_rows::<F, T>(w, x, rows, out))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], rows: usize, out: &mut [f32]) {
-    by_rows!(qk_rows::<F>(w, x, rows, out))
+unsafe fn qk<F: BlockK, T: Dot>(w: &[u8], x: &[ActK<T>], rows: usize, out: &mut [f32]) {
+    by_rows!(qk_rows::<F, T>(w, x, rows, out))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -216,11 +298,7 @@ unsafe fn float<F: Float>(w: &[u8], x: &[f32], rows: usize, out: &mut [f32]) {
     by_rows!(float_rows::<F>(w, x, rows, out))
 }
 
-pub(crate) const KERNELS: Kernels = Kernels {
-    q32: |d| select!(q32: d, q32),
-    qk: |d| select!(qk: d, qk),
-    float: |d| select!(float: d, float),
-};
+pub(crate) const KERNELS: Kernels = kernels!(q32, qk, |d| select!(float: d, float));
 
 /// Whether this CPU runs these kernels.
 pub(crate) fn detected() -> bool {

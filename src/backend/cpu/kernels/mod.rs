@@ -2,16 +2,17 @@
 //!
 //! Every format is described here once, by its layout constants, as small integers and scales:
 //! - a 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) holds integers `v` with `w = d * v + m`, dotted
-//!   with [`BlockQ8`] activations;
+//!   with [`Act32`] activations;
 //! - a 256-value K-quant block (Q4_K, Q5_K, Q6_K) holds unsigned integers `v` with a scale per 16
-//!   values, `w = d * sc[g] * v - dc * c[g]`, dotted with [`BlockQ8K`] activations, whose per-16 sums
+//!   values, `w = d * sc[g] * v - dc * c[g]`, dotted with [`ActK`] activations, whose per-16 sums
 //!   turn the `c` term into one small dot per block.
 //!
-//! Each instruction set then has one generic decoder and one generic loop per family, so a format
-//! costs a few constants rather than a kernel per instruction set. A kernel reads every weight block
-//! once and applies it to all its activation rows while it sits in registers.
+//! Each instruction set then has one generic decoder and one generic loop per family, generic over
+//! the activations' integer type too, so a format costs a few constants rather than a kernel per
+//! instruction set and precision. A kernel reads every weight block once and applies it to all its
+//! activation rows while it sits in registers.
 
-use super::quantize::{BlockQ8, BlockQ8K};
+use super::quantize::{Act32, ActInt, ActK};
 use crate::model::quant::{f16_at, scale_min_k4, DType, QK, QK_K};
 
 #[cfg(target_arch = "x86_64")]
@@ -85,6 +86,9 @@ pub(crate) struct KScales {
 pub(crate) trait BlockK {
     const BYTES: usize;
     const SIX: bool = false;
+    /// The largest unsigned value and the largest scale magnitude.
+    const MAX_V: i32;
+    const MAX_SC: i32 = 63;
     /// Offset of the nibbles (Q4_K, Q5_K) or of `ql` (Q6_K).
     const QS: usize;
     /// Offset of the high bits: Q5_K's bit planes, Q6_K's 2-bit pairs.
@@ -125,6 +129,20 @@ pub(crate) trait BlockK {
         let high = Self::QH.map_or(0, |qh| ((b[qh + l] >> t) & 1) << 4);
         (nib | high) as i32
     }
+
+    /// The largest `|value * scale|`, with Q6_K's values taken unsigned or, when `signed`, less 32.
+    #[inline(always)]
+    fn max_product(signed: bool) -> i32 {
+        if signed { (Self::MAX_V + 1) / 2 * Self::MAX_SC } else { Self::MAX_V * Self::MAX_SC }
+    }
+}
+
+/// How many 32-value chunks an i32 lane can sum without overflow when it gathers `per_lane`
+/// products of at most `max_w` (weight times scale) and `max_q` (activation) per chunk; at most a
+/// whole K-quant block.
+#[inline(always)]
+pub(crate) fn chunks_per_sum(per_lane: i32, max_w: i32, max_q: i32) -> usize {
+    ((i32::MAX / (per_lane * max_w * max_q)) as usize).clamp(1, QK_K / QK)
 }
 
 /// A float format: one value per element.
@@ -158,9 +176,9 @@ formats! {
     Q5_0: Block32 { BYTES: usize = 22, QS: usize = 6, QH: Option<usize> = Some(2), MIN: Option<f32> = Some(-16.0) }
     Q5_1: Block32 { BYTES: usize = 24, QS: usize = 8, QH: Option<usize> = Some(4), MIN: Option<f32> = None }
     Q8_0: Block32 { BYTES: usize = 34, QS: usize = 2, QH: Option<usize> = None, MIN: Option<f32> = Some(0.0), SIGNED: bool = true }
-    Q4K: BlockK { BYTES: usize = 144, QS: usize = 16, QH: Option<usize> = None }
-    Q5K: BlockK { BYTES: usize = 176, QS: usize = 48, QH: Option<usize> = Some(16) }
-    Q6K: BlockK { BYTES: usize = 210, QS: usize = 0, QH: Option<usize> = Some(128), SIX: bool = true }
+    Q4K: BlockK { BYTES: usize = 144, QS: usize = 16, QH: Option<usize> = None, MAX_V: i32 = 15 }
+    Q5K: BlockK { BYTES: usize = 176, QS: usize = 48, QH: Option<usize> = Some(16), MAX_V: i32 = 31 }
+    Q6K: BlockK { BYTES: usize = 210, QS: usize = 0, QH: Option<usize> = Some(128), SIX: bool = true, MAX_V: i32 = 63, MAX_SC: i32 = 128 }
     F32: Float { DTYPE: DType = DType::F32, BYTES: usize = 4 }
     F16: Float { DTYPE: DType = DType::F16, BYTES: usize = 2 }
     BF16: Float { DTYPE: DType = DType::BF16, BYTES: usize = 2 }
@@ -182,15 +200,15 @@ pub(crate) fn each_row<A>(w: &[u8], x: &[A], rows: usize, out: &mut [f32], kerne
     }
 }
 
-/// Instantiates a kernel generic over `<Format, const ROWS>` for `rows` activation rows and runs
-/// it on every weight row (see [`each_row`]).
+/// Instantiates a kernel generic over `<Format, Activation, const ROWS>` for `rows` activation rows
+/// and runs it on every weight row (see [`each_row`]).
 #[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
 macro_rules! by_rows {
-    ($kernel:ident::<$f:ty>($w:expr, $x:expr, $rows:expr, $out:expr)) => {{
+    ($kernel:ident::<$($g:ty),+>($w:expr, $x:expr, $rows:expr, $out:expr)) => {{
         macro_rules! run {
             ($r:literal) => {
                 // SAFETY: the caller runs in the kernel's instruction set (see RowsFn).
-                each_row($w, $x, $r, $out, |w, x, o| unsafe { $kernel::<$f, $r>(w, x, o) })
+                each_row($w, $x, $r, $out, |w, x, o| unsafe { $kernel::<$($g),+, $r>(w, x, o) })
             };
         }
         match $rows {
@@ -209,23 +227,24 @@ macro_rules! by_rows {
 #[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
 pub(crate) use by_rows;
 
-/// The kernel of each format of a family, from an instruction set's generic kernels.
+/// The kernel of each format of a family, from an instruction set's generic kernels, for
+/// activations of integer type `$t`.
 macro_rules! select {
-    (q32: $dtype:expr, $k:ident) => {
+    (q32<$t:ty>: $dtype:expr, $k:ident) => {
         match $dtype {
-            DType::Q4_0 => Some($k::<Q4_0> as RowsFn<BlockQ8>),
-            DType::Q4_1 => Some($k::<Q4_1> as RowsFn<BlockQ8>),
-            DType::Q5_0 => Some($k::<Q5_0> as RowsFn<BlockQ8>),
-            DType::Q5_1 => Some($k::<Q5_1> as RowsFn<BlockQ8>),
-            DType::Q8_0 => Some($k::<Q8_0> as RowsFn<BlockQ8>),
+            DType::Q4_0 => Some($k::<Q4_0, $t> as RowsFn<Act32<$t>>),
+            DType::Q4_1 => Some($k::<Q4_1, $t> as RowsFn<Act32<$t>>),
+            DType::Q5_0 => Some($k::<Q5_0, $t> as RowsFn<Act32<$t>>),
+            DType::Q5_1 => Some($k::<Q5_1, $t> as RowsFn<Act32<$t>>),
+            DType::Q8_0 => Some($k::<Q8_0, $t> as RowsFn<Act32<$t>>),
             _ => None,
         }
     };
-    (qk: $dtype:expr, $k:ident) => {
+    (qk<$t:ty>: $dtype:expr, $k:ident) => {
         match $dtype {
-            DType::Q4K => Some($k::<Q4K> as RowsFn<BlockQ8K>),
-            DType::Q5K => Some($k::<Q5K> as RowsFn<BlockQ8K>),
-            DType::Q6K => Some($k::<Q6K> as RowsFn<BlockQ8K>),
+            DType::Q4K => Some($k::<Q4K, $t> as RowsFn<ActK<$t>>),
+            DType::Q5K => Some($k::<Q5K, $t> as RowsFn<ActK<$t>>),
+            DType::Q6K => Some($k::<Q6K, $t> as RowsFn<ActK<$t>>),
             _ => None,
         }
     };
@@ -240,9 +259,26 @@ macro_rules! select {
 }
 pub(crate) use select;
 
-/// The kernels of one instruction set; `None` where it has none for a format.
+/// The kernels of one instruction set; `None` where it has none for a format. Quantized formats
+/// have one kernel for 8-bit activations and one for 16-bit activations (`_16`).
 pub(crate) struct Kernels {
-    pub q32: fn(DType) -> Option<RowsFn<BlockQ8>>,
-    pub qk: fn(DType) -> Option<RowsFn<BlockQ8K>>,
+    pub q32: fn(DType) -> Option<RowsFn<Act32<i8>>>,
+    pub q32_16: fn(DType) -> Option<RowsFn<Act32<i16>>>,
+    pub qk: fn(DType) -> Option<RowsFn<ActK<i8>>>,
+    pub qk_16: fn(DType) -> Option<RowsFn<ActK<i16>>>,
     pub float: fn(DType) -> Option<RowsFn<f32>>,
 }
+
+/// An instruction set's kernels for every format, as [`Kernels`] wants them.
+macro_rules! kernels {
+    ($q32:ident, $qk:ident, $float:expr) => {
+        Kernels {
+            q32: |d| select!(q32<i8>: d, $q32),
+            q32_16: |d| select!(q32<i16>: d, $q32),
+            qk: |d| select!(qk<i8>: d, $qk),
+            qk_16: |d| select!(qk<i16>: d, $qk),
+            float: $float,
+        }
+    };
+}
+pub(crate) use kernels;

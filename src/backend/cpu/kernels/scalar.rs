@@ -3,11 +3,11 @@
 
 use super::*;
 
-fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], rows: usize, out: &mut [f32]) {
-    each_row(w, x, rows, out, q32_row::<F>)
+fn q32<F: Block32, T: ActInt>(w: &[u8], x: &[Act32<T>], rows: usize, out: &mut [f32]) {
+    each_row(w, x, rows, out, q32_row::<F, T>)
 }
 
-fn q32_row<F: Block32>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+fn q32_row<F: Block32, T: ActInt>(w: &[u8], x: &[Act32<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     let mut acc = [0.0f32; MAX_ROWS];
     for (b, blk) in w.chunks_exact(F::BYTES).enumerate() {
@@ -17,18 +17,18 @@ fn q32_row<F: Block32>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
         let v: [i32; QK] = std::array::from_fn(|j| F::value(blk, j));
         for (i, acc) in acc[..out.len()].iter_mut().enumerate() {
             let a = &x[i * nb + b];
-            let dot: i32 = v.iter().zip(&a.qs).map(|(&v, &q)| v * q as i32).sum();
+            let dot: i32 = v.iter().zip(&a.qs).map(|(&v, q)| v * q.get()).sum();
             *acc += d * a.d * dot as f32 + m * a.s;
         }
     }
     out.copy_from_slice(&acc[..out.len()]);
 }
 
-fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], rows: usize, out: &mut [f32]) {
-    each_row(w, x, rows, out, qk_row::<F>)
+fn qk<F: BlockK, T: ActInt>(w: &[u8], x: &[ActK<T>], rows: usize, out: &mut [f32]) {
+    each_row(w, x, rows, out, qk_row::<F, T>)
 }
 
-fn qk_row<F: BlockK>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
+fn qk_row<F: BlockK, T: ActInt>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     let mut acc = [0.0f32; MAX_ROWS];
     for (b, blk) in w.chunks_exact(F::BYTES).enumerate() {
@@ -38,13 +38,14 @@ fn qk_row<F: BlockK>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
         let v: [i32; QK_K] = std::array::from_fn(|j| F::value(blk, j));
         for (i, acc) in acc[..out.len()].iter_mut().enumerate() {
             let a = &x[i * nb + b];
-            let (mut dot, mut corr) = (0i32, 0i32);
+            // 16-bit activations times scaled 6-bit values overflow i32 over a block.
+            let (mut dot, mut corr) = (0i64, 0.0f32);
             for g in 0..QK_K / 16 {
                 let vq = v[16 * g..16 * g + 16].iter().zip(&a.qs[16 * g..16 * g + 16]);
-                dot += s.sc[g] as i32 * vq.map(|(&v, &q)| v * q as i32).sum::<i32>();
-                corr += s.c[g] as i32 * a.bsums[g] as i32;
+                dot += s.sc[g] as i64 * vq.map(|(&v, q)| v * q.get()).sum::<i32>() as i64;
+                corr += s.c[g] as f32 * a.bsums[g];
             }
-            *acc += a.d * (d * dot as f32 - dc * corr as f32);
+            *acc += a.d * (d * dot as f32 - dc * corr);
         }
     }
     out.copy_from_slice(&acc[..out.len()]);
@@ -67,8 +68,4 @@ fn float_row<F: Float>(w: &[u8], x: &[f32], out: &mut [f32]) {
     }
 }
 
-pub(crate) const KERNELS: Kernels = Kernels {
-    q32: |d| select!(q32: d, q32),
-    qk: |d| select!(qk: d, qk),
-    float: |d| select!(float: d, float),
-};
+pub(crate) const KERNELS: Kernels = kernels!(q32, qk, |d| select!(float: d, float));

@@ -1,7 +1,8 @@
 //! wasm32 simd128 kernels. simd128 has no byte multiply-add, so weight values are widened to i16
 //! (and, for the K-quants, multiplied by their scale) once per block, and each activation row adds
-//! `i32x4_dot_i16x8` products. Built only when the module is compiled with simd128, which every
-//! current browser runs; float weights use the portable kernels, which the compiler vectorizes.
+//! `i32x4_dot_i16x8` products with its activations, widened to i16 where they are 8-bit. Built only
+//! when the module is compiled with simd128, which every current browser runs; float weights use
+//! the portable kernels, which the compiler vectorizes.
 
 // Kernels index several per-row arrays by the same row.
 #![allow(clippy::needless_range_loop)]
@@ -33,10 +34,30 @@ fn widen(v: [v128; 2], signed: bool) -> [v128; 4] {
     }
 }
 
+/// Activations of one integer type, read as i16.
+trait Load16: ActInt {
+    unsafe fn load16(q: *const Self) -> [v128; 4];
+}
+
+impl Load16 for i8 {
+    #[inline(always)]
+    unsafe fn load16(q: *const i8) -> [v128; 4] {
+        widen(load32(q as *const u8), true)
+    }
+}
+
+impl Load16 for i16 {
+    #[inline(always)]
+    unsafe fn load16(q: *const i16) -> [v128; 4] {
+        let q = q as *const v128;
+        [v128_load(q), v128_load(q.add(1)), v128_load(q.add(2)), v128_load(q.add(3))]
+    }
+}
+
 /// `Σ w16 * q` over 32 values, as four i32 lanes.
 #[inline(always)]
-unsafe fn dot32(w16: &[v128; 4], q: *const i8) -> v128 {
-    let a = widen(load32(q as *const u8), true);
+unsafe fn dot32<T: Load16>(w16: &[v128; 4], q: *const T) -> v128 {
+    let a = T::load16(q);
     let lo = i32x4_add(i32x4_dot_i16x8(w16[0], a[0]), i32x4_dot_i16x8(w16[1], a[1]));
     let hi = i32x4_add(i32x4_dot_i16x8(w16[2], a[2]), i32x4_dot_i16x8(w16[3], a[3]));
     i32x4_add(lo, hi)
@@ -90,7 +111,7 @@ unsafe fn chunk_k<F: BlockK>(b: *const u8, t: usize) -> [v128; 2] {
     }
 }
 
-unsafe fn q32_rows<F: Block32, const R: usize>(w: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+unsafe fn q32_rows<F: Block32, T: Load16, const R: usize>(w: &[u8], x: &[Act32<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * nb);
     let mut acc = [f32x4_splat(0.0); R];
@@ -115,32 +136,48 @@ unsafe fn q32_rows<F: Block32, const R: usize>(w: &[u8], x: &[BlockQ8], out: &mu
     }
 }
 
-unsafe fn qk_rows<F: BlockK, const R: usize>(w: &[u8], x: &[BlockQ8K], out: &mut [f32]) {
+unsafe fn qk_rows<F: BlockK, T: Load16, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * nb);
+    // Q6_K's values carry their offset of -32, which spares the correction below; each i32 lane
+    // gathers 8 products per chunk.
+    let signed = F::SIX;
+    let span = chunks_per_sum(8, F::max_product(signed), T::MAX);
     let mut acc = [f32x4_splat(0.0); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * F::BYTES);
         let s = F::scales(std::slice::from_raw_parts(p, F::BYTES));
         let (d, dc) = (f16(s.dc_bits), f16(s.dc_bits >> 16));
-        let mut sums = [i32x4_splat(0); R];
-        for t in 0..QK_K / 32 {
-            let v = widen(chunk_k::<F>(p, t), false);
-            let (s0, s1) = (i16x8_splat(s.sc[2 * t]), i16x8_splat(s.sc[2 * t + 1]));
-            let w16 = [i16x8_mul(v[0], s0), i16x8_mul(v[1], s0), i16x8_mul(v[2], s1), i16x8_mul(v[3], s1)];
+        for t0 in (0..QK_K / 32).step_by(span) {
+            let mut sums = [i32x4_splat(0); R];
+            for t in t0..t0 + span {
+                let v = widen(chunk_k::<F>(p, t), false);
+                let v = if signed { v.map(|v| i16x8_sub(v, i16x8_splat(32))) } else { v };
+                let (s0, s1) = (i16x8_splat(s.sc[2 * t]), i16x8_splat(s.sc[2 * t + 1]));
+                let w16 = [i16x8_mul(v[0], s0), i16x8_mul(v[1], s0), i16x8_mul(v[2], s1), i16x8_mul(v[3], s1)];
+                for i in 0..R {
+                    let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
+                    sums[i] = i32x4_add(sums[i], dot32(&w16, q));
+                }
+            }
             for i in 0..R {
-                let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
-                sums[i] = i32x4_add(sums[i], dot32(&w16, q));
+                let a = x.get_unchecked(i * nb + b);
+                let main = f32x4_mul(f32x4_convert_i32x4(sums[i]), f32x4_splat(d * a.d));
+                acc[i] = f32x4_add(acc[i], main);
             }
         }
-        let c = load32(s.c.as_ptr() as *const u8);
-        for i in 0..R {
-            let a = x.get_unchecked(i * nb + b);
-            let bs = load32(a.bsums.as_ptr() as *const u8);
-            let corr = i32x4_add(i32x4_dot_i16x8(c[0], bs[0]), i32x4_dot_i16x8(c[1], bs[1]));
-            let main = f32x4_mul(f32x4_convert_i32x4(sums[i]), f32x4_splat(d * a.d));
-            let corr = f32x4_mul(f32x4_convert_i32x4(corr), f32x4_splat(dc * a.d));
-            acc[i] = f32x4_add(acc[i], f32x4_sub(main, corr));
+        if !signed {
+            let c: [v128; 4] = std::array::from_fn(|h| {
+                let c = v128_load(s.c.as_ptr().add(8 * (h / 2)) as *const v128);
+                let c = if h % 2 == 0 { i32x4_extend_low_i16x8(c) } else { i32x4_extend_high_i16x8(c) };
+                f32x4_convert_i32x4(c)
+            });
+            for i in 0..R {
+                let a = x.get_unchecked(i * nb + b);
+                let bs = a.bsums.as_ptr() as *const v128;
+                let corr = (0..4).fold(f32x4_splat(0.0), |s, h| f32x4_add(s, f32x4_mul(c[h], v128_load(bs.add(h)))));
+                acc[i] = f32x4_sub(acc[i], f32x4_mul(corr, f32x4_splat(dc * a.d)));
+            }
         }
     }
     for i in 0..R {
@@ -148,16 +185,12 @@ unsafe fn qk_rows<F: BlockK, const R: usize>(w: &[u8], x: &[BlockQ8K], out: &mut
     }
 }
 
-unsafe fn q32<F: Block32>(w: &[u8], x: &[BlockQ8], rows: usize, out: &mut [f32]) {
-    by_rows!(q32_rows::<F>(w, x, rows, out))
+unsafe fn q32<F: Block32, T: Load16>(w: &[u8], x: &[Act32<T>], rows: usize, out: &mut [f32]) {
+    by_rows!(q32_rows::<F, T>(w, x, rows, out))
 }
 
-unsafe fn qk<F: BlockK>(w: &[u8], x: &[BlockQ8K], rows: usize, out: &mut [f32]) {
-    by_rows!(qk_rows::<F>(w, x, rows, out))
+unsafe fn qk<F: BlockK, T: Load16>(w: &[u8], x: &[ActK<T>], rows: usize, out: &mut [f32]) {
+    by_rows!(qk_rows::<F, T>(w, x, rows, out))
 }
 
-pub(crate) const KERNELS: Kernels = Kernels {
-    q32: |d| select!(q32: d, q32),
-    qk: |d| select!(qk: d, qk),
-    float: |_| None,
-};
+pub(crate) const KERNELS: Kernels = kernels!(q32, qk, |_| None);

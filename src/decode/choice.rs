@@ -1,0 +1,169 @@
+//! Choosing the mode and K by measurement: a few target forwards (a decode and verifications of
+//! several batch sizes) and draft steps, timed where the models were placed, turned into tokens
+//! per unit of time by the speculation arithmetic. A round of K draft tokens yields on average
+//! `(1 - a^(K+1)) / (1 - a)` tokens at per-token acceptance `a` and costs a verification of K + 1
+//! tokens plus K draft steps (SD), or the verification alone when the draft runs on hardware of
+//! its own and its speculation is usually ready (SSD).
+
+use serde::Serialize;
+use web_time::Instant;
+
+use super::Mode;
+use crate::backend::Batch;
+use crate::error::Result;
+use crate::model::runner::{append, Lm, Want};
+
+/// The largest K tried: a verification of up to 8 tokens reads the weights once on the CPU.
+pub const MAX_K: usize = 7;
+/// The verification batch sizes timed; the others are interpolated.
+const TIMED: [usize; 4] = [2, 4, 6, 8];
+/// SSD's cache hit rate on the code prompts (`saguaro bench`); a miss drafts K tokens first.
+const SSD_HITS: f64 = 0.85;
+/// How much faster than AR a speculative mode must be expected to run to be chosen, against the
+/// noise of a short measurement.
+const MARGIN: f64 = 1.05;
+
+/// What one placement costs, in milliseconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct Costs {
+    pub decode_ms: f64,
+    /// (tokens, ms) of target forwards over a causal batch, a decode (1 token) first.
+    pub verify_ms: Vec<(usize, f64)>,
+    /// One draft token (0 for prompt lookup).
+    pub draft_step_ms: f64,
+    /// Whether the draft runs beside the target rather than on the same cores (SSD can overlap).
+    pub parallel: bool,
+}
+
+/// The mode and K a generation runs with when none is asked for, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Choice {
+    pub mode: String,
+    pub k: usize,
+    /// Tokens per second over AR's, as the arithmetic expects them.
+    pub expected_speedup: f64,
+    /// The per-token acceptance the choice assumed.
+    pub acceptance: f64,
+    pub costs: Costs,
+}
+
+impl Choice {
+    pub fn mode(&self) -> Mode {
+        self.mode.parse().expect("a choice names a mode")
+    }
+}
+
+/// Probe tokens: any ids of the vocabulary do, the costs hardly depend on them.
+fn probe(vocab: usize, n: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
+/// Milliseconds of one forward of `lm` over `n` probe tokens after its committed ones; the best
+/// of `reps`, since other work on the machine only ever adds time.
+async fn time_forward(lm: &mut dyn Lm, n: usize, reps: usize) -> Result<f64> {
+    let tokens = probe(lm.config().vocab_size, n);
+    let batch = Batch::causal(&tokens, lm.len());
+    let rows: Vec<u32> = (0..n as u32).collect();
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let t = Instant::now();
+        lm.argmax(&batch, &rows).await?;
+        best = best.min(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(best)
+}
+
+impl Costs {
+    /// Time `target` (and `draft`, if a model drafts) after a short prefill; both are left empty.
+    pub async fn measure(target: &mut dyn Lm, draft: Option<&mut dyn Lm>, parallel: bool) -> Result<Costs> {
+        const CONTEXT: usize = 32;
+        target.truncate(0);
+        let context = probe(target.config().vocab_size, CONTEXT);
+        append(target, &context, Want::AllArgmax).await?;
+        let decode_ms = time_forward(target, 1, 3).await?;
+        let mut verify_ms = vec![(1, decode_ms)];
+        for n in TIMED {
+            // More tokens never cost less: a smaller figure is noise from other work.
+            let ms = time_forward(target, n, 2).await?.max(verify_ms.last().map_or(0.0, |v| v.1));
+            verify_ms.push((n, ms));
+        }
+        target.truncate(0);
+        let draft_step_ms = match draft {
+            Some(d) => {
+                d.truncate(0);
+                let context = probe(d.config().vocab_size, CONTEXT);
+                append(d, &context, Want::AllArgmax).await?;
+                let ms = time_forward(d, 1, 3).await?;
+                d.truncate(0);
+                ms
+            }
+            None => 0.0,
+        };
+        Ok(Costs { decode_ms, verify_ms, draft_step_ms, parallel })
+    }
+
+    /// A forward over `n` tokens, interpolated between the timed sizes.
+    pub fn verify(&self, n: usize) -> f64 {
+        let v = &self.verify_ms;
+        let i = v.iter().position(|&(m, _)| m >= n).unwrap_or(v.len() - 1).max(1);
+        let ((n0, t0), (n1, t1)) = (v[i - 1], v[i]);
+        t0 + (t1 - t0) * (n as f64 - n0 as f64) / (n1 - n0) as f64
+    }
+
+    /// The fastest of AR, SD with K in 1..=[`MAX_K`] and (when the draft runs beside the target)
+    /// SSD with K up to `ssd_max_k` (0: SSD not available), at per-token acceptance `a`.
+    pub fn choose(&self, a: f64, ssd_max_k: usize) -> Choice {
+        let tokens = |k: usize| (0..=k).map(|i| a.powi(i as i32)).sum::<f64>();
+        let speedup = |k: usize, drafting: f64| tokens(k) * self.decode_ms / (self.verify(k + 1) + k as f64 * drafting);
+        let mut best = (Mode::Ar, 1, 1.0);
+        let mut consider = |mode: Mode, k: usize, s: f64| {
+            let bar = if best.0 == Mode::Ar { best.2 * MARGIN } else { best.2 };
+            if s > bar {
+                best = (mode, k, s);
+            }
+        };
+        for k in 1..=MAX_K {
+            consider(Mode::Sd, k, speedup(k, self.draft_step_ms));
+            if self.parallel && k <= ssd_max_k {
+                consider(Mode::Ssd, k, speedup(k, (1.0 - SSD_HITS) * self.draft_step_ms));
+            }
+        }
+        Choice { mode: best.0.to_string(), k: best.1, expected_speedup: best.2, acceptance: a, costs: self.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs(verify_per_token: f64, draft_step_ms: f64, parallel: bool) -> Costs {
+        let verify_ms = std::iter::once(1).chain(TIMED).map(|n| (n, 10.0 + verify_per_token * (n - 1) as f64)).collect();
+        Costs { decode_ms: 10.0, verify_ms, draft_step_ms, parallel }
+    }
+
+    #[test]
+    fn interpolates_between_timed_sizes() {
+        let c = costs(5.0, 0.0, false);
+        assert_eq!(c.verify(1), 10.0);
+        assert_eq!(c.verify(3), 20.0);
+        assert_eq!(c.verify(8), 45.0);
+    }
+
+    #[test]
+    fn picks_the_fastest_mode_and_never_a_losing_one() {
+        // Verification as dear as K + 1 decodes: speculation cannot win.
+        let c = costs(10.0, 2.0, false);
+        assert_eq!(c.choose(0.8, 4).mode(), Mode::Ar);
+        // Cheap verification and a cheap draft: SD, with a K that balances the two.
+        let choice = costs(2.0, 2.0, false).choose(0.8, 4);
+        assert_eq!(choice.mode(), Mode::Sd);
+        assert!((2..=MAX_K).contains(&choice.k) && choice.expected_speedup > 1.3, "{choice:?}");
+        // A dear draft on the same cores loses; beside the target, SSD hides it.
+        assert_eq!(costs(2.0, 8.0, false).choose(0.8, 4).mode(), Mode::Ar);
+        let ssd = costs(2.0, 8.0, true).choose(0.8, 4);
+        assert_eq!(ssd.mode(), Mode::Ssd);
+        assert!(ssd.k <= 4);
+        // Poor acceptance makes speculation pointless.
+        assert_eq!(costs(2.0, 2.0, false).choose(0.1, 4).mode(), Mode::Ar);
+    }
+}
