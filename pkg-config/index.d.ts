@@ -53,7 +53,8 @@ export interface LoadOptions {
 }
 
 export interface GenerateOptions {
-  /** Default 'ssd' with a draft, else 'ar'. */
+  /** Default `info.defaultMode`: 'ssd' with a draft and the target on WebGPU; 'ar' with the target
+   * on the CPU, where target and draft share the cores and speculation measured slower. */
   mode?: Mode;
   /** Upper bound on generated tokens (default 256). */
   maxTokens?: number;

@@ -210,6 +210,11 @@ export class Saguaro {
     const modes = options.modes ?? (models.draft ? MODES : ['ar']);
     for (const m of modes) if (!MODES.includes(m)) throw new SaguaroError('invalid_argument', `modes: "${m}" is not ar, sd or ssd`);
     const impl = isNode ? await InlineEngine.load(models, options, modes) : await WorkerEngine.load(models, options, modes);
+    // Speculation pays only when verifying costs little more than decoding and the draft has
+    // hardware of its own. With the target on the CPU, target and draft share the cores and SD/SSD
+    // measured slower than plain decoding (README, "In the browser"), so plain decoding is the
+    // default there; they stay one `mode` away.
+    if (impl.info.backend === 'cpu') impl.info.defaultMode = 'ar';
     return new Saguaro(impl);
   }
 
@@ -230,7 +235,7 @@ export class Saguaro {
     const run = async () => {
       if (!this.#impl) throw new SaguaroError('invalid_argument', 'the engine was disposed');
       if (signal?.aborted) throw abortError(null);
-      const result = await this.#impl.run(prompt, opts, onToken, signal);
+      const result = await this.#impl.run(prompt, { ...opts, mode: opts.mode ?? this.#impl.info.defaultMode }, onToken, signal);
       if (signal?.aborted && result.finish === 'cancelled') throw abortError(result);
       return result;
     };

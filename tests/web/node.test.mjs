@@ -29,7 +29,7 @@ console.log(`metrics: node wasm CPU (1 thread): AR ${ar.stats.tokensPerS.toFixed
 const sd = await engine.generate(g.prompt, { mode: 'sd', maxTokens: n });
 check(JSON.stringify(sd.tokens) === JSON.stringify(ar.tokens), 'SD equals AR token for token');
 console.log(`metrics: node wasm CPU (1 thread): SD ${sd.stats.tokensPerS.toFixed(1)} tok/s`);
-check(engine.info.defaultMode === 'sd', `with the draft inline the default mode is SD, not SSD (${engine.info.defaultMode})`);
+check(engine.info.defaultMode === 'ar', `on the CPU the default mode is plain decoding (${engine.info.defaultMode})`);
 
 let streamed = '';
 const s = engine.stream(g.prompt, { mode: 'ssd', maxTokens: n });
