@@ -276,7 +276,7 @@ impl Engine {
         };
         let ssd_target = match (split, &opts.target) {
             (Some((threads, _)), Device::Cpu { precision, .. }) if ssd_draft.is_some() => {
-                Some(Device::Cpu { threads, precision: *precision }.runner(&target.weights, capacity).await?)
+                Some(Device::Cpu { threads, precision: *precision }.runner(&target.weights, context).await?)
             }
             _ => None,
         };

@@ -95,8 +95,7 @@ impl Isa {
 }
 
 /// Batches of more rows than this (prefills) dequantize each weight row once to f32 and run the float
-/// kernels: over that many rows the dequantization is paid back, f32 multiply-adds outpace the two
-/// 8-bit parts of the integer path, and they are exact.
+/// kernels: over that many rows the dequantization is paid back, and they are exact.
 const DEQUANTIZE_ABOVE: usize = 32;
 
 /// `out[m * n]` = `x[m * k]` times the transpose of `w`: `out[i * n + r] = dot(w row r, x row i)`.

@@ -130,9 +130,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .map(|(mode, gens)| {
             let t = tps(gens);
             Row {
-                mode: match gens.first().and_then(|g| g.stats.auto.as_ref()) {
-                    Some(c) => format!("auto: {} k={}", c.mode, c.k),
-                    None => mode.to_string(),
+                mode: match mode.0 {
+                    // The choice may change as the engine learns the acceptance: name each one made.
+                    None => {
+                        let mut chosen: Vec<String> =
+                            gens.iter().filter_map(|g| g.stats.auto.as_ref()).map(|c| format!("{} k={}", c.mode, c.k)).collect();
+                        chosen.dedup();
+                        format!("auto: {}", chosen.join(", "))
+                    }
+                    Some(m) => m.to_string(),
                 },
                 generated: gens.iter().map(|g| g.stats.generated).sum(),
                 tokens_per_s: t,
@@ -157,12 +163,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         let f = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
         println!(
-            "{:<14} {:>8} {:>8} {:>7} {:>10} {:>6} {:>9} {:>9} {:>8} {:>9}",
+            "{:<22} {:>8} {:>8} {:>7} {:>10} {:>6} {:>9} {:>9} {:>8} {:>9}",
             "mode", "tok/s", "vs AR", "accept", "tok/round", "hits", "overlap", "verify", "glue", "tree step"
         );
         for r in &rows {
             println!(
-                "{:<14} {:>8.2} {:>8} {:>7} {:>10} {:>6} {:>9} {:>9} {:>8} {:>9}",
+                "{:<22} {:>8.2} {:>8} {:>7} {:>10} {:>6} {:>9} {:>9} {:>8} {:>9}",
                 r.mode,
                 r.tokens_per_s,
                 f(r.speedup_vs_ar, 2),

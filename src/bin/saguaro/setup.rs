@@ -102,9 +102,9 @@ pub struct EngineArgs {
     /// CPU threads for the draft (0 = all cores).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub draft_threads: usize,
-    /// Activation precision of the target on the CPU: exact (two 8-bit parts, logits within 0.003
-    /// of an f32 computation) or fast (one 8-bit part as llama.cpp uses: less work per token,
-    /// logits off by up to about 0.5, so greedy output can differ from the exact one).
+    /// Activation precision of the target on the CPU: exact (16-bit activations, logits within
+    /// 0.003 of an f32 computation) or fast (8-bit as llama.cpp uses: a little less work per
+    /// token, logits off by up to about 0.5, so greedy output can differ from the exact one).
     #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
     pub precision: PrecisionArg,
     /// Activation precision of the draft on the CPU: fast (the default: the target verifies every
