@@ -28,6 +28,11 @@ pub struct BenchOptions {
     pub dtypes: Vec<DType>,
     /// Timed calls per case (after one warm-up call).
     pub reps: usize,
+    /// When non-zero, each matmul is timed a second time with its weights cycled through copies
+    /// of at least this many bytes in all, so that every call reads them from memory. That is
+    /// how a forward reads them (a model's matrices together outgrow the caches), while a
+    /// single copy stays in cache after the warm-up and times the arithmetic alone.
+    pub working_set: usize,
 }
 
 impl Default for BenchOptions {
@@ -43,6 +48,23 @@ impl Default for BenchOptions {
             rows: vec![1, 5, 16, 64],
             dtypes: vec![DType::F16, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K],
             reps: 10,
+            working_set: 256 << 20,
+        }
+    }
+}
+
+/// Where a matmul's weights were read from while it was timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightsIn {
+    Cache,
+    Memory,
+}
+
+impl WeightsIn {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightsIn::Cache => "cache",
+            WeightsIn::Memory => "memory",
         }
     }
 }
@@ -51,6 +73,11 @@ impl Default for BenchOptions {
 pub struct KernelBench {
     pub kernel: String,
     pub shape: String,
+    /// Matmuls only: where the weights came from.
+    pub weights: Option<WeightsIn>,
+    /// Matmuls only: time per call over the same matmul's time at one activation row, the cost
+    /// of verifying `m` tokens in units of one decode step.
+    pub vs_one_row: Option<f64>,
     /// Milliseconds per call, from recording to completion.
     pub ms: f64,
     pub gb_per_s: f64,
@@ -59,11 +86,16 @@ pub struct KernelBench {
 
 impl fmt::Display for KernelBench {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let weights = self.weights.map_or("", WeightsIn::name);
         write!(
             f,
-            "{:<16} {:<28} {:>10.3} ms {:>9.2} GB/s {:>9.2} GFLOP/s",
-            self.kernel, self.shape, self.ms, self.gb_per_s, self.gflop_per_s
-        )
+            "{:<16} {:<28} {:<7} {:>10.3} ms {:>9.2} GB/s {:>9.2} GFLOP/s",
+            self.kernel, self.shape, weights, self.ms, self.gb_per_s, self.gflop_per_s
+        )?;
+        match self.vs_one_row {
+            Some(r) => write!(f, " {r:>6.2}x m=1"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -118,12 +150,14 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
     let mut out = Vec::new();
     let reps = o.reps.max(1);
 
+    // `$op` runs with `$i`, the call's index (the warm-up is call 0).
     macro_rules! time {
-        ($kernel:expr, $shape:expr, $bytes:expr, $flops:expr, $op:expr) => {{
+        ($kernel:expr, $shape:expr, $bytes:expr, $flops:expr, |$i:ident| $op:expr) => {{
+            let $i = 0usize;
             $op;
             b.sync().await?;
             let t0 = Instant::now();
-            for _ in 0..reps {
+            for $i in 1..=reps {
                 $op;
             }
             b.sync().await?;
@@ -131,11 +165,16 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
             out.push(KernelBench {
                 kernel: $kernel.to_string(),
                 shape: $shape,
+                weights: None,
+                vs_one_row: None,
                 ms: s * 1e3,
                 gb_per_s: $bytes as f64 / s / 1e9,
                 gflop_per_s: $flops as f64 / s / 1e9,
             });
         }};
+        ($kernel:expr, $shape:expr, $bytes:expr, $flops:expr, $op:expr) => {
+            time!($kernel, $shape, $bytes, $flops, |_i| $op)
+        };
     }
 
     let (d, f) = (o.d_model, o.d_ffn);
@@ -144,12 +183,27 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
         // where d_model need not be.
         let host = random_weight(dtype, d, f, 1)?;
         let w = b.load_weight(&host)?;
-        for &m in &o.rows {
-            let x = b.upload(m, f, &rng.vec(m * f))?;
-            let bytes = host.data.len() + 4 * m * (d + f);
-            time!(format!("matmul {}", dtype.name()), format!("m={m} n={d} k={f}"), bytes, 2 * m * f * d, {
-                b.matmul(&x, &w, None)?;
-            });
+        let copies = match o.working_set {
+            0 => Vec::new(),
+            n => (0..n.div_ceil(host.data.len()).max(2))
+                .map(|_| b.load_weight(&HostWeight::new(dtype, d, f, Bytes::from_vec(host.data.as_slice().to_vec()))?))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let placements = [(WeightsIn::Cache, std::slice::from_ref(&w)), (WeightsIn::Memory, &copies[..])];
+        for (weights, ws) in placements.into_iter().filter(|(_, ws)| !ws.is_empty()) {
+            let first = out.len();
+            for &m in &o.rows {
+                let x = b.upload(m, f, &rng.vec(m * f))?;
+                let bytes = host.data.len() + 4 * m * (d + f);
+                time!(format!("matmul {}", dtype.name()), format!("m={m} n={d} k={f}"), bytes, 2 * m * f * d, |i| {
+                    b.matmul(&x, &ws[i % ws.len()], None)?;
+                });
+            }
+            let one_row = o.rows.iter().position(|&m| m == 1).map(|i| out[first + i].ms);
+            for r in &mut out[first..] {
+                r.weights = Some(weights);
+                r.vs_one_row = one_row.map(|ms| r.ms / ms);
+            }
         }
         if dtype == o.dtypes[0] {
             let ids: Vec<u32> = (0..o.rows.iter().copied().max().unwrap_or(1) as u32).collect();

@@ -6,7 +6,7 @@ pub mod cpu;
 pub mod gpu;
 mod bench;
 
-pub use bench::{bench_kernels, random_weight, BenchOptions, KernelBench};
+pub use bench::{bench_kernels, random_weight, BenchOptions, KernelBench, WeightsIn};
 
 use std::future::Future;
 

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use saguaro::backend::cpu::CpuBackend;
 use saguaro::backend::gpu::list_adapters;
-use saguaro::backend::{bench_kernels, BenchOptions, KernelBench};
+use saguaro::backend::{bench_kernels, BenchOptions, KernelBench, WeightsIn};
 use saguaro::model::load::open;
 use saguaro::model::quant::DType;
 use saguaro::{Error, Result};
@@ -55,13 +55,24 @@ pub struct BenchKernelsArgs {
     /// Timed calls per kernel and shape (after one warm-up call).
     #[arg(long, default_value_t = 10)]
     reps: usize,
+    /// Each matmul is timed twice: with one copy of its weights, which stays in cache, and with
+    /// copies of this many MB in all, cycled so that every call reads its weights from memory as
+    /// in a forward of a whole model. 0 leaves out the second timing.
+    #[arg(long, default_value_t = 256)]
+    working_set_mb: usize,
     /// Print one JSON array instead of the table.
     #[arg(long)]
     json: bool,
 }
 
 fn options(args: &BenchKernelsArgs) -> Result<BenchOptions> {
-    let mut o = BenchOptions { context: args.context, reps: args.reps, rows: args.rows.clone(), ..Default::default() };
+    let mut o = BenchOptions {
+        context: args.context,
+        reps: args.reps,
+        rows: args.rows.clone(),
+        working_set: args.working_set_mb << 20,
+        ..Default::default()
+    };
     if o.rows.is_empty() || o.rows.contains(&0) || o.reps == 0 {
         return Err(Error::InvalidArgument("--rows and --reps must be positive".into()));
     }
@@ -89,7 +100,17 @@ pub fn bench(args: &BenchKernelsArgs) -> Result<()> {
     if args.json {
         let rows: Vec<_> = rows
             .iter()
-            .map(|r| json!({"kernel": r.kernel, "shape": r.shape, "ms": r.ms, "gb_per_s": r.gb_per_s, "gflop_per_s": r.gflop_per_s}))
+            .map(|r| {
+                json!({
+                    "kernel": r.kernel,
+                    "shape": r.shape,
+                    "weights": r.weights.map(WeightsIn::name),
+                    "ms": r.ms,
+                    "gb_per_s": r.gb_per_s,
+                    "gflop_per_s": r.gflop_per_s,
+                    "vs_one_row": r.vs_one_row,
+                })
+            })
             .collect();
         println!("{}", json!({"backend": name, "kernels": rows}));
     } else {
