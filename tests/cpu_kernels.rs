@@ -2,15 +2,10 @@
 //! dotted in f64), on random blocks, odd shapes and batch sizes 1 to 64, for both the portable and
 //! the best kernels of this machine.
 //!
-//! Tolerance. Quantized weights are dotted with activations quantized to symmetric integers per
-//! block, `q = round(x / d)` with `d = max|x| / L` over the 32 or 256 activations of the block
-//! (`L = 32767` at `Precision::Exact`, 16 bits; `L = 127` at `Precision::Fast`, 8 bits), so each
-//! activation is off by at most `d / 2` and a dot product by at most `Σ_j |w_j| d_j / 2`. The test
-//! allows exactly that bound plus `2e-5 Σ_j |w_j x_j|` for f32 rounding. Float weights see no
-//! activation quantization and are allowed `1e-5 Σ_j |w_j x_j|`. The portable and best kernels
-//! compute the same integer sums, so they must agree to `1e-5 Σ_j |w_j x_j|`. Random weight bytes
-//! reach the extremes of every format (Q6_K scales of -128, 6-bit values of 0 and 63) that bound the
-//! kernels' i32 partial sums.
+//! Tolerance: the bound of `util/reference.rs` (the activation quantization's rounding plus f32
+//! rounding). The portable and best kernels compute the same integer sums, so they must agree to
+//! `1e-5 Σ_j |w_j x_j|`. Random weight bytes reach the extremes of every format (Q6_K scales of
+//! -128, 6-bit values of 0 and 63) that bound the kernels' i32 partial sums.
 //!
 //! The same tests run in headless Chromium on wasm32 (`scripts/test-wasm.sh`), where the best
 //! kernels are the simd128 ones.
@@ -18,6 +13,8 @@
 #[path = "util/rand.rs"]
 #[allow(dead_code)]
 mod rand;
+#[path = "util/reference.rs"]
+mod reference;
 
 use saguaro::backend::cpu::{matmul_with, CpuPool, KernelPath, Precision};
 use saguaro::backend::random_weight;
@@ -27,33 +24,10 @@ use rand::TestRng;
 #[cfg(target_arch = "wasm32")]
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-/// The reference dot product and the error it allows (see the module doc).
+/// The reference dot product and the error it allows at `precision`.
 fn reference(dtype: DType, precision: Precision, w: &[f32], x: &[f32]) -> (f64, f64) {
-    let act_block = match dtype {
-        DType::F32 | DType::F16 | DType::BF16 => None,
-        DType::Q4K | DType::Q5K | DType::Q6K => Some(quant::QK_K),
-        _ => Some(quant::QK),
-    };
-    let exact: f64 = w.iter().zip(x).map(|(&w, &x)| w as f64 * x as f64).sum();
-    let magnitude: f64 = w.iter().zip(x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
-    let Some(bs) = act_block else {
-        return (exact, 1e-5 * magnitude + 1e-6);
-    };
-    let levels = match precision {
-        Precision::Exact => 32767.0,
-        Precision::Fast => 127.0,
-    };
-    let rounding: f64 = w
-        .chunks(bs)
-        .zip(x.chunks(bs))
-        .map(|(w, x)| {
-            let d = x.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64 / levels;
-            w.iter().map(|&w| (w as f64).abs()).sum::<f64>() * d / 2.0
-        })
-        .sum();
-    (exact, rounding + 2e-5 * magnitude + 1e-6)
+    reference::dot(dtype, Some(reference::levels(precision)), w, x)
 }
-
 
 fn check_format(dtype: DType, precision: Precision, pool: &CpuPool) {
     let mut rng = TestRng::new(dtype.block_bytes() as u64 * 7919 + 1);
@@ -81,8 +55,7 @@ fn check_format(dtype: DType, precision: Precision, pool: &CpuPool) {
                     let at = format!("{dtype:?} {precision:?} k={k} m={m} row {i} col {r}");
                     assert!((scalar - want).abs() <= tol, "{at}: scalar {scalar} vs {want} (tol {tol})");
                     assert!((best - want).abs() <= tol, "{at}: best {best} vs {want} (tol {tol})");
-                    let magnitude: f64 = wr.iter().zip(xi).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
-                    let agree = 1e-5 * magnitude + 1e-6;
+                    let agree = 1e-5 * reference::magnitude(wr, xi) + 1e-6;
                     assert!((scalar - best).abs() <= agree, "{at}: scalar {scalar} vs best {best}");
                 }
             }

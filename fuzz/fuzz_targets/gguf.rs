@@ -7,6 +7,9 @@ use std::sync::Arc;
 use libfuzzer_sys::fuzz_target;
 use saguaro::model::load::from_gguf;
 
+#[global_allocator]
+static ALLOC: saguaro_fuzz::Bounded = saguaro_fuzz::Bounded;
+
 fuzz_target!(|data: &[u8]| {
     let _ = from_gguf(Arc::new(data.to_vec()));
 });

@@ -7,6 +7,9 @@ use libfuzzer_sys::fuzz_target;
 use saguaro::model::gguf::Gguf;
 use saguaro::model::tokenizer::{StreamDecoder, Tokenizer};
 
+#[global_allocator]
+static ALLOC: saguaro_fuzz::Bounded = saguaro_fuzz::Bounded;
+
 const TEXTS: [&str; 4] = [
     "def f(x):\n    return x**2  # 12345\n\n   0",
     "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",

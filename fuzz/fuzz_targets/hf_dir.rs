@@ -13,6 +13,9 @@ use saguaro::model::load::{from_hf, FileSource};
 use saguaro::model::weights::Storage;
 use saguaro::Result;
 
+#[global_allocator]
+static ALLOC: saguaro_fuzz::Bounded = saguaro_fuzz::Bounded;
+
 const SEPARATOR: &[u8] = b"\n@@saguaro-file@@\n";
 const FILES: [&str; 6] = [
     "config.json",

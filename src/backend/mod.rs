@@ -74,6 +74,24 @@ impl Batch {
     }
 }
 
+/// `[row][i] = (cos, sin)` of `positions[row] * theta^(-2i / head_dim)`, `i < head_dim / 2`: the
+/// rotation angles of rotate-half RoPE, shared by every backend so that all rotate alike. The
+/// angle is computed in f64 and rounded once: an angle computed in f32 (its frequency rounded,
+/// then the product) is off by a few `position * 2^-24` radians, about 1e-3 at position 30,000.
+pub(crate) fn rope_table(positions: &[u32], head_dim: usize, theta: f32) -> Vec<(f32, f32)> {
+    let half = head_dim / 2;
+    let inv_freq: Vec<f64> = (0..half).map(|i| (theta as f64).powf(-2.0 * i as f64 / head_dim as f64)).collect();
+    positions
+        .iter()
+        .flat_map(|&pos| {
+            inv_freq.iter().map(move |f| {
+                let (sin, cos) = (pos as f64 * f).sin_cos();
+                (cos as f32, sin as f32)
+            })
+        })
+        .collect()
+}
+
 /// Shapes the attention op needs.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {

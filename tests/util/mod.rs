@@ -3,6 +3,7 @@
 
 pub mod gguf_writer;
 pub mod rand;
+pub mod reference;
 
 use std::path::PathBuf;
 
@@ -24,9 +25,27 @@ pub fn gpu_available() -> bool {
     if !any {
         let required = std::env::var("SAGUARO_REQUIRE_GPU").is_ok_and(|v| v == "1");
         assert!(!required, "SAGUARO_REQUIRE_GPU=1 but wgpu finds no GPU adapter");
-        eprintln!("skipped: no GPU adapter on this machine (set SAGUARO_REQUIRE_GPU=1 to fail instead)");
+        // Straight to stderr: the test harness hides eprintln! output of passing tests.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "skipped: no GPU adapter on this machine (set SAGUARO_REQUIRE_GPU=1 to fail instead)");
     }
     any
+}
+
+/// A GPU backend opened with `opts`, or None where [`gpu_available`] says to skip.
+#[cfg(feature = "gpu")]
+pub fn open_gpu(opts: saguaro::backend::gpu::GpuOptions) -> Option<saguaro::backend::gpu::GpuBackend> {
+    if !gpu_available() {
+        return None;
+    }
+    Some(futures::executor::block_on(saguaro::backend::gpu::GpuBackend::new(opts)).expect("opening the GPU"))
+}
+
+/// One default GPU backend for the whole test binary, shared by its tests (from several threads).
+#[cfg(feature = "gpu")]
+pub fn shared_gpu() -> Option<&'static saguaro::backend::gpu::GpuBackend> {
+    static GPU: std::sync::OnceLock<Option<saguaro::backend::gpu::GpuBackend>> = std::sync::OnceLock::new();
+    GPU.get_or_init(|| open_gpu(Default::default())).as_ref()
 }
 
 pub fn root() -> PathBuf {

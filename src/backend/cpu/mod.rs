@@ -8,7 +8,7 @@ mod quantize;
 
 use std::future::{ready, Future};
 
-use crate::backend::{AttnShape, Backend, Batch};
+use crate::backend::{rope_table, AttnShape, Backend, Batch};
 use crate::error::{Error, Result};
 use crate::model::weights::Weight;
 use pool::{Pool, SharedMut};
@@ -134,19 +134,18 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, x: &mut Tensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
-        shape_check(positions.len() == x.rows && x.cols % head_dim == 0, "rope")?;
+        shape_check(
+            positions.len() == x.rows && head_dim.is_multiple_of(2) && head_dim > 0 && x.cols.is_multiple_of(head_dim),
+            "rope",
+        )?;
         let half = head_dim / 2;
-        let inv_freq: Vec<f32> =
-            (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32)).collect();
-        for (r, &pos) in positions.iter().enumerate() {
-            let (sin, cos): (Vec<f32>, Vec<f32>) =
-                inv_freq.iter().map(|f| (pos as f32 * f).sin_cos()).unzip();
-            let cols = x.cols;
-            for head in x.data[r * cols..(r + 1) * cols].chunks_exact_mut(head_dim) {
-                for i in 0..half {
+        let table = rope_table(positions, head_dim, theta);
+        for (row, cs) in x.data.chunks_exact_mut(x.cols).zip(table.chunks_exact(half)) {
+            for head in row.chunks_exact_mut(head_dim) {
+                for (i, &(cos, sin)) in cs.iter().enumerate() {
                     let (a, b) = (head[i], head[i + half]);
-                    head[i] = a * cos[i] - b * sin[i];
-                    head[i + half] = b * cos[i] + a * sin[i];
+                    head[i] = a * cos - b * sin;
+                    head[i + half] = b * cos + a * sin;
                 }
             }
         }

@@ -1,26 +1,16 @@
 //! Rotate-half RoPE at explicit positions.
 
+use crate::backend::rope_table;
 use crate::error::Result;
 
 use super::buffers::Meta;
 use super::pipelines::ROPE;
 use super::{groups, shape_check, GpuBackend, Tensor};
 
-/// `[position][i] = (cos, sin)` of `position * theta^(-2i / head_dim)`, computed as the CPU
-/// backend does so both rotate by bit-identical angles.
+/// The `(cos, sin)` table of [`rope_table`] as the shader reads it.
 fn table(key: &[u32]) -> Vec<u32> {
     let (head_dim, theta, positions) = (key[0] as usize, f32::from_bits(key[1]), &key[2..]);
-    let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32)).collect();
-    positions
-        .iter()
-        .flat_map(|&pos| {
-            inv_freq.iter().flat_map(move |f| {
-                let (sin, cos) = (pos as f32 * f).sin_cos();
-                [cos.to_bits(), sin.to_bits()]
-            })
-        })
-        .collect()
+    rope_table(positions, head_dim, theta).into_iter().flat_map(|(cos, sin)| [cos.to_bits(), sin.to_bits()]).collect()
 }
 
 impl GpuBackend {

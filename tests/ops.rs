@@ -1,0 +1,400 @@
+//! Every op of the `Backend` trait against a plain f64 reference computed here from the same
+//! inputs (weights decoded by `quant::dequantize`), on seeded random inputs. The checks are written
+//! once, generic over `Backend`, and `suite!` runs each for three backends: `cpu_exact::*` and
+//! `cpu_fast::*` (the CPU backend at `Precision::Exact` and `Precision::Fast`) and `gpu::*` (wgpu on
+//! whatever adapter there is; lavapipe in CI). The GPU tests skip, saying so, only where no adapter
+//! exists at all, and fail instead with `SAGUARO_REQUIRE_GPU=1`.
+//!
+//! Shapes are small but real: head_dim 64 with grouped-query heads, prefill past the GPU's 64-slot
+//! attention chunks, decode, a K+1 verification, a rollback rewrite and a tree step whose rows
+//! attend extra slots; matmuls of every weight type at M = 1, 2, 5, 33, 64 and 70 (each kernel of
+//! both backends, partial tiles included), with a bias, and with K = 1536.
+//!
+//! Tolerances, and why:
+//! - f32 arithmetic (every op but those below): `FLOAT = 1e-5` times the magnitude of the terms
+//!   combined. Rounding errors of a sum of n terms grow like √n·u in practice (u = 6e-8; n·u in the
+//!   worst case): at most 2.4e-6 for the 1,536 terms here.
+//! - Quantized-weight matmuls on the CPU: in addition, the rounding of its activations to integers
+//!   (16 bits at `Exact`, 8 bits at `Fast`), bounded in `util/reference.rs`. The GPU dots f32
+//!   activations.
+//! - add and select_rows: exact (a sum of two f32 values rounded once is the f64 sum rounded).
+//! - embed: decoding a row is exact on the CPU (it runs `quant::dequantize` itself); the GPU may
+//!   order or fuse the multiply and add of `d * q - m` differently, one rounding of values below
+//!   1 + |w| for these scales: 2^-22 (1 + |w|).
+//!
+//! Measured on the CPU and lavapipe: f32 ops within 4e-7 of their terms' magnitude (under 4% of
+//! the tolerance); CPU matmuls of float weights within 1.3e-7, of quantized ones at `Exact` within
+//! 1.3e-4 of Σ|w x| (the 16-bit activations', not f32's, rounding: under 40% of their bound).
+
+use futures::executor::block_on;
+use saguaro::backend::cpu::{CpuBackend, Precision};
+use saguaro::backend::gpu::{GpuBackend, GpuOptions};
+use saguaro::backend::{random_weight, AttnShape, Backend, Batch, Mask, NO_SLOT};
+use saguaro::model::quant::DType;
+use saguaro::model::weights::Weight;
+use saguaro::Error;
+use util::rand::TestRng;
+use util::reference;
+
+mod util;
+
+/// Relative error of f32 arithmetic (see the module doc).
+const FLOAT: f64 = 1e-5;
+
+/// What one backend may differ from the reference by, beyond [`FLOAT`].
+struct Tol {
+    /// Integer levels the activations of quantized-weight matmuls are rounded to, if any.
+    levels: Option<f64>,
+    /// Relative error of decoding a weight value.
+    decode: f64,
+}
+
+const CPU_EXACT: Tol = Tol { levels: Some(32767.0), decode: 0.0 };
+const CPU_FAST: Tol = Tol { levels: Some(127.0), decode: 0.0 };
+const GPU: Tol = Tol { levels: None, decode: 1.0 / (1 << 22) as f64 };
+
+fn cpu(precision: Precision) -> &'static CpuBackend {
+    use std::sync::OnceLock;
+    static EXACT: OnceLock<CpuBackend> = OnceLock::new();
+    static FAST: OnceLock<CpuBackend> = OnceLock::new();
+    let cell = match precision {
+        Precision::Exact => &EXACT,
+        Precision::Fast => &FAST,
+    };
+    cell.get_or_init(|| CpuBackend::new(2).unwrap().with_precision(precision))
+}
+
+macro_rules! suite {
+    ($($op:ident),* $(,)?) => {
+        mod cpu_exact {
+            $(#[test] fn $op() { super::$op(super::cpu(super::Precision::Exact), &super::CPU_EXACT) })*
+        }
+        mod cpu_fast {
+            $(#[test] fn $op() { super::$op(super::cpu(super::Precision::Fast), &super::CPU_FAST) })*
+        }
+        mod gpu {
+            $(#[test] fn $op() {
+                if let Some(g) = super::util::shared_gpu() {
+                    super::$op(g, &super::GPU)
+                }
+            })*
+        }
+    };
+}
+
+suite!(rms_norm, rope, swiglu, add_and_select_rows, embed, matmul, matmul_bias_and_long_rows, attention_causal, attention_tree, bad_shapes_are_errors);
+
+fn up<B: Backend>(b: &B, rows: usize, cols: usize, data: &[f32]) -> B::Tensor {
+    b.upload(rows, cols, data).unwrap()
+}
+
+fn read<B: Backend>(b: &B, t: &B::Tensor) -> Vec<f32> {
+    block_on(b.read(t)).unwrap()
+}
+
+/// `|got[i] - want[i]| <= tol(i)` for every i (a NaN fails), printing how close the worst came.
+fn check(got: &[f32], want: &[f64], tol: impl Fn(usize) -> f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0.0f64;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let (err, t) = ((g as f64 - w).abs(), tol(i));
+        assert!(err <= t, "{what}: element {i}: got {g}, reference {w} (tolerance {t:e})");
+        if t > 0.0 {
+            worst = worst.max(err / t);
+        }
+    }
+    eprintln!("{what}: largest error {:.3} of the tolerance", worst);
+}
+
+/// The smallest scale a relative tolerance is taken of: results that are exactly 0 in f64 come
+/// out within f32 rounding of 0.
+const TINY: f64 = 1e-30;
+
+fn rms_norm<B: Backend>(b: &B, _: &Tol) {
+    let mut rng = TestRng::new(9);
+    let eps = 1e-6f32;
+    for (rows, cols) in [(1, 896), (5, 33), (3, 1), (70, 130)] {
+        // Rows of different scales: the norm must not depend on it.
+        let x: Vec<f32> = rng.vec(rows * cols).iter().enumerate().map(|(i, v)| v * [1.0, 30.0, 0.01][i / cols % 3]).collect();
+        let g = rng.vec(cols);
+        let w = b.load_weight(&Weight::from_f32(1, cols, &g)).unwrap();
+        let got = read(b, &b.rms_norm(&up(b, rows, cols, &x), &w, eps).unwrap());
+        let want: Vec<f64> = x
+            .chunks(cols)
+            .flat_map(|row| {
+                let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64;
+                let s = 1.0 / (ms + eps as f64).sqrt();
+                row.iter().zip(&g).map(move |(&v, &g)| v as f64 * s * g as f64)
+            })
+            .collect();
+        check(&got, &want, |i| FLOAT * want[i].abs() + TINY, &format!("{}: rms_norm {rows}x{cols}", b.name()));
+    }
+}
+
+fn rope<B: Backend>(b: &B, _: &Tol) {
+    let mut rng = TestRng::new(11);
+    for (rows, heads, hd, theta) in [(1, 14, 64, 1e6f32), (5, 2, 64, 1e4), (7, 3, 6, 1e4), (70, 4, 128, 1e6)] {
+        // Positions across a 32k context, where an angle rounded to f32 would be off by 1e-3.
+        let positions: Vec<u32> = (0..rows).map(|_| rng.below(32_768)).collect();
+        let cols = heads * hd;
+        let x = rng.vec(rows * cols);
+        let mut t = up(b, rows, cols, &x);
+        b.rope(&mut t, &positions, hd, theta).unwrap();
+        let half = hd / 2;
+        let (mut want, mut scale) = (vec![0.0f64; x.len()], vec![0.0f64; x.len()]);
+        for (r, &pos) in positions.iter().enumerate() {
+            for h in 0..heads {
+                let at = r * cols + h * hd;
+                for i in 0..half {
+                    let angle = pos as f64 * (theta as f64).powf(-2.0 * i as f64 / hd as f64);
+                    let (a, bb) = (x[at + i] as f64, x[at + i + half] as f64);
+                    want[at + i] = a * angle.cos() - bb * angle.sin();
+                    want[at + i + half] = bb * angle.cos() + a * angle.sin();
+                    scale[at + i] = a.abs() + bb.abs();
+                    scale[at + i + half] = a.abs() + bb.abs();
+                }
+            }
+        }
+        check(&read(b, &t), &want, |i| FLOAT * scale[i] + TINY, &format!("{}: rope {rows}x{heads}x{hd}", b.name()));
+    }
+}
+
+fn swiglu<B: Backend>(b: &B, _: &Tol) {
+    let mut rng = TestRng::new(13);
+    let (rows, cols) = (5, 300);
+    let gate: Vec<f32> = rng.vec(rows * cols).iter().map(|x| 12.0 * x).collect();
+    let upv = rng.vec(rows * cols);
+    let got = read(b, &b.swiglu(&up(b, rows, cols, &gate), &up(b, rows, cols, &upv)).unwrap());
+    let want: Vec<f64> = gate.iter().zip(&upv).map(|(&g, &u)| g as f64 / (1.0 + (-g as f64).exp()) * u as f64).collect();
+    check(&got, &want, |i| FLOAT * want[i].abs() + TINY, &format!("{}: swiglu", b.name()));
+}
+
+fn add_and_select_rows<B: Backend>(b: &B, _: &Tol) {
+    let mut rng = TestRng::new(17);
+    let (rows, cols) = (5, 300);
+    // Summands of very different sizes, so that the sum is rounded.
+    let x: Vec<f32> = rng.vec(rows * cols).iter().map(|v| 1e3 * v).collect();
+    let y = rng.vec(rows * cols);
+    let mut t = up(b, rows, cols, &x);
+    b.add_assign(&mut t, &up(b, rows, cols, &y)).unwrap();
+    let sum: Vec<f64> = x.iter().zip(&y).map(|(&a, &c)| (a as f64 + c as f64) as f32 as f64).collect();
+    check(&read(b, &t), &sum, |_| 0.0, &format!("{}: add_assign", b.name()));
+
+    let picks = [4u32, 0, 0, 2];
+    let got = read(b, &b.select_rows(&t, &picks).unwrap());
+    let want: Vec<f64> = picks.iter().flat_map(|&r| sum[r as usize * cols..(r as usize + 1) * cols].iter().copied()).collect();
+    check(&got, &want, |_| 0.0, &format!("{}: select_rows", b.name()));
+}
+
+/// Rows `ids` of `table` against its reference decoding.
+fn check_embed<B: Backend>(b: &B, t: &Tol, table: &Weight, ids: &[u32]) {
+    let dense = table.to_f32();
+    let k = table.cols;
+    let got = read(b, &b.embed(&b.load_weight(table).unwrap(), ids).unwrap());
+    let want: Vec<f64> = ids.iter().flat_map(|&id| dense[id as usize * k..(id as usize + 1) * k].iter().map(|&v| v as f64)).collect();
+    let what = format!("{}: embed {:?} {}x{k}", b.name(), table.dtype, table.rows);
+    check(&got, &want, |i| t.decode * (1.0 + want[i].abs()), &what);
+}
+
+fn embed<B: Backend>(b: &B, t: &Tol) {
+    for (i, &dtype) in DType::ALL.iter().enumerate() {
+        let k = if dtype.block_size() == 1 { 27 } else { 256 };
+        let table = random_weight(dtype, 50, k, 200 + i as u64).unwrap();
+        check_embed(b, t, &table, &[0, 49, 7, 7, 21]);
+    }
+}
+
+/// `x @ w^T (+ bias)` for random activations of each batch size in `ms`, against the f64 dot of
+/// the decoded weights.
+fn check_matmul<B: Backend>(b: &B, t: &Tol, w: &Weight, bias: Option<&[f32]>, ms: &[usize], seed: u64) {
+    let bw = b.load_weight(w).unwrap();
+    let bb = bias.map(|v| b.load_weight(&Weight::from_f32(1, v.len(), v)).unwrap());
+    let dense = w.to_f32();
+    let (n, k) = (w.rows, w.cols);
+    let mut rng = TestRng::new(seed);
+    for &m in ms {
+        // Heavy-tailed like real activations, and an all-zero block (a zero quantization scale).
+        let mut x: Vec<f32> = (0..m * k).map(|_| rng.activation()).collect();
+        x[..32.min(k)].fill(0.0);
+        let got = read(b, &b.matmul(&up(b, m, k, &x), &bw, bb.as_ref()).unwrap());
+        let (mut want, mut tol) = (Vec::with_capacity(m * n), Vec::with_capacity(m * n));
+        for xi in x.chunks(k) {
+            for (r, wr) in dense.chunks(k).enumerate() {
+                let (dot, err) = reference::dot(w.dtype, t.levels, wr, xi);
+                want.push(dot + bias.map_or(0.0, |v| v[r] as f64));
+                tol.push(err);
+            }
+        }
+        let what = format!("{}: matmul {:?} m={m} n={n} k={k} bias={}", b.name(), w.dtype, bias.is_some());
+        check(&got, &want, |i| tol[i], &what);
+    }
+}
+
+fn matmul<B: Backend>(b: &B, t: &Tol) {
+    for (i, &dtype) in DType::ALL.iter().enumerate() {
+        // Rows not a multiple of any tile; K a few blocks, and odd for float types.
+        let k = match dtype.block_size() {
+            1 => 45,
+            32 => 96,
+            _ => 512,
+        };
+        let w = random_weight(dtype, 37, k, i as u64).unwrap();
+        // 1 = decode, 5 = K+1 verification, 33 = a wide tree step (the CPU's f32 path above 32
+        // rows), 64 = the GPU's largest split-K batch, 70 = its tiled kernel with partial tiles.
+        check_matmul(b, t, &w, None, &[1, 2, 5, 33, 64, 70], 100 + i as u64);
+    }
+}
+
+fn matmul_bias_and_long_rows<B: Backend>(b: &B, t: &Tol) {
+    let bias = TestRng::new(5).vec(131);
+    check_matmul(b, t, &random_weight(DType::Q8_0, 131, 160, 3).unwrap(), Some(&bias), &[1, 5, 100], 6);
+    // A Qwen-like projection: K larger than a GPU workgroup's first sweep.
+    check_matmul(b, t, &random_weight(DType::Q4K, 64, 1536, 4).unwrap(), None, &[1, 3], 7);
+}
+
+/// Attention calls on one backend with its cache carried over between calls, and the reference's
+/// own copy of the cache.
+struct Attn<'a, B: Backend> {
+    b: &'a B,
+    shape: AttnShape,
+    cache: B::Cache,
+    /// Per slot, the K and V rows the reference has written there.
+    slots: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    rng: TestRng,
+}
+
+impl<'a, B: Backend> Attn<'a, B> {
+    fn new(b: &'a B, shape: AttnShape, capacity: usize, seed: u64) -> Self {
+        let cache = b.new_cache(2, capacity, shape.n_kv_heads * shape.head_dim).unwrap();
+        Attn { b, shape, cache, slots: vec![None; capacity], rng: TestRng::new(seed) }
+    }
+
+    fn run(&mut self, batch: &Batch, what: &str) {
+        let s = self.shape;
+        let (m, hd) = (batch.len(), s.head_dim);
+        let (qd, kvd) = (s.n_heads * hd, s.n_kv_heads * hd);
+        let (q, k, v) = (self.rng.vec(m * qd), self.rng.vec(m * kvd), self.rng.vec(m * kvd));
+        let b = self.b;
+        // Layer 1 of 2, so that a cache indexing slip into layer 0 shows.
+        let out = b.attention(&up(b, m, qd, &q), &up(b, m, kvd, &k), &up(b, m, kvd, &v), &mut self.cache, 1, batch, s).unwrap();
+
+        for (r, &slot) in batch.slots.iter().enumerate() {
+            self.slots[slot as usize] = Some((k[r * kvd..(r + 1) * kvd].to_vec(), v[r * kvd..(r + 1) * kvd].to_vec()));
+        }
+        let (mut want, mut tol) = (vec![0.0f64; m * qd], vec![0.0f64; m * qd]);
+        for r in 0..m {
+            let extra = &batch.mask.extra[r * batch.mask.extra_stride..(r + 1) * batch.mask.extra_stride];
+            let attended: Vec<usize> = (0..batch.mask.prefix[r] as usize)
+                .chain(extra.iter().filter(|&&e| e != NO_SLOT).map(|&e| e as usize))
+                .collect();
+            for h in 0..s.n_heads {
+                let qh = &q[r * qd + h * hd..r * qd + (h + 1) * hd];
+                let kvo = h / (s.n_heads / s.n_kv_heads) * hd;
+                let rows: Vec<(&[f32], &[f32])> = attended
+                    .iter()
+                    .map(|&t| {
+                        let (k, v) = self.slots[t].as_ref().unwrap_or_else(|| panic!("{what}: slot {t} attended unwritten"));
+                        (&k[kvo..kvo + hd], &v[kvo..kvo + hd])
+                    })
+                    .collect();
+                let norm = 1.0 / (hd as f64).sqrt();
+                let scores: Vec<f64> = rows.iter().map(|(k, _)| qh.iter().zip(*k).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>() * norm).collect();
+                // The scale of the scores' rounding errors.
+                let score_mag = rows.iter().map(|(k, _)| reference::magnitude(qh, k) * norm).fold(0.0, f64::max);
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for d in 0..hd {
+                    let at = r * qd + h * hd + d;
+                    want[at] = rows.iter().zip(&e).map(|((_, v), p)| p / sum * v[d] as f64).sum();
+                    let weighted: f64 = rows.iter().zip(&e).map(|((_, v), p)| p / sum * (v[d] as f64).abs()).sum();
+                    // A score off by δ moves its normalized weight by at most 2δ relatively.
+                    tol[at] = FLOAT * (1.0 + 2.0 * score_mag) * weighted + TINY;
+                }
+            }
+        }
+        check(&read(b, &out), &want, |i| tol[i], &format!("{}: attention {what} {s:?}", b.name()));
+    }
+}
+
+fn attention_causal<B: Backend>(b: &B, _: &Tol) {
+    for (i, shape) in [
+        AttnShape { n_heads: 6, n_kv_heads: 2, head_dim: 64 },
+        AttnShape { n_heads: 3, n_kv_heads: 3, head_dim: 80 },
+        AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 6 },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut a = Attn::new(b, shape, 200, 20 + i as u64);
+        // Prefill past two 64-slot chunks, decode one token, verify K+1 = 5, then roll back and
+        // overwrite slots 152.. with another continuation.
+        a.run(&Batch::causal(&[0; 150], 0), "prefill 150");
+        a.run(&Batch::causal(&[0], 150), "decode at 150");
+        a.run(&Batch::causal(&[0; 5], 151), "verify 5 at 151");
+        a.run(&Batch::causal(&[0; 3], 152), "rewrite 3 at 152");
+    }
+}
+
+fn attention_tree<B: Backend>(b: &B, _: &Tol) {
+    let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 64 };
+    let mut a = Attn::new(b, shape, 128, 31);
+    a.run(&Batch::causal(&[0; 70], 0), "prefix of 70");
+    // A tree of 5 nodes in slots 80..85 over the 70-token prefix: 0 -> {1, 2}, 1 -> 3, 2 -> 4.
+    // Each node attends the prefix (one only part of it, one none of it), its ancestors and
+    // itself, padded with NO_SLOT.
+    let parents: [Option<usize>; 5] = [None, Some(0), Some(0), Some(1), Some(2)];
+    let stride = 4;
+    let mut extra = vec![NO_SLOT; 5 * stride];
+    for r in 0..5 {
+        let mut chain = vec![80 + r as u32];
+        let mut p = parents[r];
+        while let Some(q) = p {
+            chain.push(80 + q as u32);
+            p = parents[q];
+        }
+        chain.reverse();
+        extra[r * stride..r * stride + chain.len()].copy_from_slice(&chain);
+    }
+    let batch = Batch {
+        tokens: vec![0; 5],
+        positions: vec![70, 71, 71, 72, 72],
+        slots: (80..85).collect(),
+        mask: Mask { prefix: vec![70, 70, 65, 0, 70], extra_stride: stride, extra },
+    };
+    a.run(&batch, "tree step");
+}
+
+fn bad_shapes_are_errors<B: Backend>(b: &B, _: &Tol) {
+    let invalid = |r: saguaro::Result<()>, what: &str| {
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{}: {what}: {:?}", b.name(), r.err());
+    };
+    let table = b.load_weight(&random_weight(DType::Q8_0, 10, 64, 1).unwrap()).unwrap();
+    invalid(b.embed(&table, &[3, 10]).map(drop), "a token id past the table");
+    invalid(b.matmul(&up(b, 2, 32, &[0.0; 64]), &table, None).map(drop), "a matmul of mismatched K");
+    for hd in [0, 5, 7] {
+        invalid(b.rope(&mut up(b, 2, 14, &[0.0; 28]), &[0, 1], hd, 1e4), &format!("rope with head_dim {hd}"));
+    }
+    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 8 };
+    let mut cache = b.new_cache(1, 4, 8).unwrap();
+    let (q, kv) = (up(b, 2, 16, &[0.0; 32]), up(b, 2, 8, &[0.0; 16]));
+    let r = b.attention(&q, &kv, &kv, &mut cache, 0, &Batch::causal(&[0, 0], 3), shape);
+    assert!(matches!(r, Err(Error::ContextOverflow { .. })), "{}: attention past the cache", b.name());
+}
+
+/// The GPU backend with a 4 KiB binding cap splits these weights into 10-40 parts whose rows start
+/// at unaligned byte offsets (Q6_K rows are 210 bytes); matmul and embed must not notice.
+#[test]
+fn gpu_weights_larger_than_one_binding_are_split_by_rows() {
+    let Some(g) = util::open_gpu(GpuOptions { max_binding_bytes: Some(4096), ..Default::default() }) else { return };
+    for (i, (dtype, rows, k)) in [(DType::Q6K, 61, 256), (DType::Q8_0, 97, 128), (DType::Q4_1, 150, 96), (DType::F16, 40, 90)]
+        .into_iter()
+        .enumerate()
+    {
+        let w = random_weight(dtype, rows, k, 40 + i as u64).unwrap();
+        let parts = GpuBackend::load_weight(&g, &w).unwrap().parts();
+        assert!(parts > 1, "{dtype:?}: expected a split weight, got {parts} part");
+        check_matmul(&g, &GPU, &w, None, &[1, 5, 70], 50 + i as u64);
+        check_embed(&g, &GPU, &w, &[0, rows as u32 - 1, 17, 17, 33, 1]);
+    }
+}
