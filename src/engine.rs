@@ -323,7 +323,7 @@ impl Engine {
                 "the draft's vocabulary (fingerprint {vocab_fingerprint}) differs from the target's ({ours})"
             )));
         }
-        crate::decode::speculative::check_draft(self.target.config(), draft.config())?;
+        crate::decode::check_draft(self.target.config(), draft.config())?;
         self.ssd_draft = Some(draft);
         self.separate_draft = true;
         Ok(())

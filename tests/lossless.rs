@@ -12,8 +12,7 @@ use futures::executor::block_on;
 
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::Batch;
-use saguaro::decode::speculative::Fault;
-use saguaro::decode::ssd::tree::Tree;
+use saguaro::decode::spec::{Fault, Tree};
 use saguaro::decode::{
     generate_ar, generate_sd, generate_sd_with, generate_ssd, Backup, DraftWorker, FinishReason, Generation, NgramConfig,
     PromptLookup, Request, SpecConfig,

@@ -1,11 +1,16 @@
 //! Generation strategies over (target, draft): plain autoregressive decoding, speculative
 //! decoding (SD) and speculative speculative decoding (SSD). Strategies see models only through
 //! [`Lm`]; they never touch kernels.
+//!
+//! SD (`speculative`, with its drafters `model_drafter` and `ngram`) and SSD (`ssd`) import
+//! neither each other: what they share (configuration, the drafter interface, verification, the
+//! draft's KV-cache rules, the speculation tree) is `spec`, which imports neither of them.
 
 pub mod autoregressive;
 pub mod choice;
-pub mod drafter;
+pub mod model_drafter;
 pub mod ngram;
+pub mod spec;
 pub mod speculative;
 pub mod ssd;
 
@@ -21,9 +26,10 @@ use crate::sampling::SamplingParams;
 
 pub use autoregressive::generate_ar;
 pub use choice::{Choice, Costs};
-pub use drafter::{Drafter, ModelDrafter};
+pub use model_drafter::ModelDrafter;
 pub use ngram::{NgramConfig, PromptLookup};
-pub use speculative::{generate_sd, generate_sd_with, Backup, Fanout, Mode, SpecConfig};
+pub use spec::{check_draft, Backup, Drafter, Fanout, Mode, SpecConfig};
+pub use speculative::{generate_sd, generate_sd_with};
 pub use ssd::{generate_ssd, DraftHost, DraftWorker};
 
 /// What to generate.

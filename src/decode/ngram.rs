@@ -4,8 +4,7 @@
 
 use futures::future::{ready, LocalBoxFuture};
 
-use super::drafter::Drafter;
-use super::speculative::Proposal;
+use super::spec::{Drafter, Proposal};
 use super::Request;
 use crate::error::{Error, Result};
 use crate::sampling::{Rng, SamplingParams};

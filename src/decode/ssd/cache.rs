@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::decode::speculative::Proposal;
+use crate::decode::spec::Proposal;
 
 #[derive(Default)]
 pub struct SpecCache {

@@ -18,13 +18,11 @@ use web_time::Instant;
 
 use super::cache::SpecCache;
 use super::fanout::{self, FanoutPolicy};
-use super::tree::Tree;
-use crate::backend::Batch;
-use crate::decode::speculative::{self, draft_rng, Backup, Drafting, Outcome, Proposal, SpecConfig};
+use crate::decode::spec::{draft_rng, timed, Backup, DraftKv, DraftLm, Drafting, Outcome, Proposal, SpecConfig};
 use crate::decode::{context_of, CancelToken, Request};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::runner::{append, BoxedLm, Lm, Want};
+use crate::model::runner::{BoxedLm, Lm};
 use crate::runtime::{Channel, RelSpan, Service, Span, Worker};
 use crate::sampling::{Rng, SamplingParams};
 
@@ -86,11 +84,11 @@ impl DraftWorker {
     pub fn new(lm: BoxedLm) -> Result<Self> {
         let (config, capacity) = (lm.config().clone(), lm.capacity());
         let abandon = Arc::new(AtomicBool::new(false));
-        let drafter = Drafter { lm, abandon: abandon.clone(), session: None };
+        let speculator = Speculator::new(lm, abandon.clone());
         #[cfg(not(target_arch = "wasm32"))]
-        let worker = Worker::thread("saguaro-draft", drafter)?;
+        let worker = Worker::thread("saguaro-draft", speculator)?;
         #[cfg(target_arch = "wasm32")]
-        let worker = Worker::inline(drafter);
+        let worker = Worker::inline(speculator);
         Ok(DraftWorker::on(worker, config, capacity, abandon))
     }
 
@@ -111,8 +109,8 @@ impl DraftWorker {
     pub fn inline(lm: Box<dyn Lm>) -> Self {
         let (config, capacity) = (lm.config().clone(), lm.capacity());
         let abandon = Arc::new(AtomicBool::new(false));
-        let drafter = Drafter { lm, abandon: abandon.clone(), session: None };
-        DraftWorker::on(Worker::inline(drafter), config, capacity, abandon)
+        let speculator = Speculator::new(lm, abandon.clone());
+        DraftWorker::on(Worker::inline(speculator), config, capacity, abandon)
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -167,27 +165,11 @@ impl Drop for DraftWorker {
     }
 }
 
-struct Drafter<M> {
+/// The draft model on its worker, answering the target's jobs.
+struct Speculator<M> {
     abandon: Arc<AtomicBool>,
     session: Option<Session>,
-    lm: M,
-}
-
-/// The draft model as its worker owns it: `Send` when the worker is a thread.
-trait OwnedLm: 'static {
-    fn get(&mut self) -> &mut dyn Lm;
-}
-
-impl OwnedLm for Box<dyn Lm> {
-    fn get(&mut self) -> &mut dyn Lm {
-        &mut **self
-    }
-}
-
-impl OwnedLm for Box<dyn Lm + Send> {
-    fn get(&mut self) -> &mut dyn Lm {
-        &mut **self
-    }
+    kv: DraftKv<M>,
 }
 
 /// One generation's draft-side state.
@@ -209,7 +191,19 @@ struct Round {
     cache: SpecCache,
 }
 
-impl<M: OwnedLm> Service for Drafter<M> {
+impl Round {
+    /// The round ended with `o`: the fan-out learns from it, and the cache yields what it holds
+    /// for it, cut to `depth` tokens.
+    fn settle(mut self, o: Outcome, depth: usize, policy: &mut FanoutPolicy, vocab: usize) -> Option<Proposal> {
+        let row = &self.glue[o.accepted * vocab..(o.accepted + 1) * vocab];
+        let rank = fanout::rank(row, o.bonus, self.drafted.get(o.accepted).copied());
+        let cached = self.cache.take(o.accepted, o.bonus, depth);
+        policy.observe(self.drafted.len(), o.accepted, cached.is_some(), rank);
+        cached
+    }
+}
+
+impl<M: DraftLm + 'static> Service for Speculator<M> {
     type Job = Job;
     type Reply = Reply<RelSpan>;
 
@@ -229,14 +223,14 @@ impl<M: OwnedLm> Service for Drafter<M> {
 /// The draft's end of a remote [`DraftWorker`]: the draft model and its speculation cache in
 /// another Web Worker, answering jobs in the order they arrive.
 pub struct DraftHost {
-    drafter: Drafter<Box<dyn Lm>>,
+    speculator: Speculator<Box<dyn Lm>>,
     config: ModelConfig,
 }
 
 impl DraftHost {
     pub fn new(lm: Box<dyn Lm>) -> Self {
         let config = lm.config().clone();
-        DraftHost { drafter: Drafter { lm, abandon: Arc::new(AtomicBool::new(false)), session: None }, config }
+        DraftHost { speculator: Speculator::new(lm, Arc::new(AtomicBool::new(false))), config }
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -244,16 +238,19 @@ impl DraftHost {
     }
 
     pub async fn handle(&mut self, job: Job) -> Result<Reply<RelSpan>> {
-        self.drafter.handle(job).await
+        self.speculator.handle(job).await
     }
 }
 
-impl<M: OwnedLm> Drafter<M> {
+impl<M: DraftLm> Speculator<M> {
+    fn new(lm: M, abandon: Arc<AtomicBool>) -> Self {
+        Speculator { abandon, session: None, kv: DraftKv::new(lm) }
+    }
+
     async fn start(&mut self, req: Request, spec: SpecConfig) -> Result<Reply> {
         self.session = None;
-        req.validate(self.lm.get(), spec.draft_scratch())?;
-        self.lm.get().truncate(0);
-        append(self.lm.get(), &req.prompt, Want::LastLogits).await?;
+        req.validate(self.kv.model(), spec.draft_scratch())?;
+        self.kv.prefill(&req.prompt).await?;
         self.session = Some(Session {
             params: req.sampling,
             cancel: req.cancel,
@@ -265,20 +262,26 @@ impl<M: OwnedLm> Drafter<M> {
         Ok(Reply::Started)
     }
 
+    /// Step 1 of a round: commit the `outcome` of the round last speculated on (none before the
+    /// first round), then propose up to `depth` tokens after `rec`: the speculation cached for
+    /// the outcome, or on a miss the backup's.
     async fn propose(&mut self, outcome: Option<Outcome>, rec: u32, depth: usize) -> Result<Reply> {
         let s = self.session.as_mut().ok_or_else(|| Error::Worker("no generation started".into()))?;
         let mut hit = None;
         if let Some(o) = outcome {
-            let mut round =
+            let round =
                 s.round.take().ok_or_else(|| Error::Worker("an outcome for a round never speculated".into()))?;
-            // The glue pass wrote rec, s1..sn after the committed sequence; keep rec, s1..sk.
-            self.lm.get().advance(o.accepted + 1)?;
-            let vocab = self.lm.get().config().vocab_size;
-            let row = &round.glue[o.accepted * vocab..(o.accepted + 1) * vocab];
-            let rank = fanout::rank(row, o.bonus, round.drafted.get(o.accepted).copied());
-            let cached = round.cache.take(o.accepted, o.bonus, depth);
-            s.policy.observe(round.drafted.len(), o.accepted, cached.is_some(), rank);
-            if let Some(proposal) = cached {
+            if o.accepted > round.drafted.len() {
+                return Err(Error::Worker(format!(
+                    "an outcome accepting {} of {} draft tokens",
+                    o.accepted,
+                    round.drafted.len()
+                )));
+            }
+            // The glue pass wrote rec, s1..sn; the outcome commits rec, s1..sk.
+            self.kv.resolve(o.accepted);
+            let vocab = self.kv.model().config().vocab_size;
+            if let Some(proposal) = round.settle(o, depth, &mut s.policy, vocab) {
                 return Ok(Reply::Proposal { proposal, hit: Some(true), backup: None });
             }
             hit = Some(false);
@@ -286,38 +289,33 @@ impl<M: OwnedLm> Drafter<M> {
         let (proposal, backup) = match s.spec.backup {
             Backup::Fast => (Proposal::default(), None),
             Backup::Jit => {
-                let t = Instant::now();
-                let start = self.lm.get().len();
                 let widths = s.policy.widths(depth);
                 let mut drafting =
                     Drafting { params: &s.params, rng: &mut s.rng, saguaro: Some((s.spec.saguaro_c, &widths)) };
-                let p = speculative::draft(self.lm.get(), &[rec], depth, &mut drafting).await?;
-                // The glue pass of this round rewrites these slots.
-                self.lm.get().truncate(start);
-                (p, Some(Span::since(t)))
+                let (p, span) = timed(self.kv.draft(rec, depth, &mut drafting)).await?;
+                // This round's glue pass rewrites these slots.
+                self.kv.discard();
+                (p, Some(span))
             }
         };
         Ok(Reply::Proposal { proposal, hit, backup })
     }
 
+    /// Step 2 of a round, while the target verifies [rec, s1..sn] = `tokens`: the glue pass over
+    /// them, the fan-out over its logits, and the tree of `depth` steps into the cache.
     async fn speculate(&mut self, tokens: Vec<u32>, depth: usize) -> Result<Reply> {
         let s = self.session.as_mut().ok_or_else(|| Error::Worker("no generation started".into()))?;
-        let t = Instant::now();
-        let base = self.lm.get().len();
-        let rows: Vec<u32> = (0..tokens.len() as u32).collect();
-        let glue = self.lm.get().logits(&Batch::causal(&tokens, base), &rows).await?;
-        let glue_span = Span::since(t);
+        let (glue, glue_span) = timed(self.kv.glue(&tokens)).await?;
 
         let drafted = tokens[1..].to_vec();
         let branches = s.policy.candidates(&glue, &drafted, &s.params);
-        let tree = Tree::new(base, tokens.len(), branches);
         let widths = s.policy.widths(depth);
         let mut drafting = Drafting { params: &s.params, rng: &mut s.rng, saguaro: Some((s.spec.saguaro_c, &widths)) };
         // Both the target's end of the generation and a cancel cut the tree short.
         let abandon = &self.abandon;
         let stop = || abandon.load(Ordering::Relaxed) || s.cancel.is_cancelled();
-        let (speculated, spans) = tree.decode(self.lm.get(), depth, &mut drafting, &stop).await?;
-        s.round = Some(Round { drafted, glue, cache: SpecCache::new(tree.branches(), speculated) });
+        let (speculated, spans) = self.kv.tree(&branches, depth, &mut drafting, &stop).await?;
+        s.round = Some(Round { drafted, glue, cache: SpecCache::new(&branches, speculated) });
         Ok(Reply::Speculated { glue: glue_span, tree: spans })
     }
 }

@@ -20,14 +20,10 @@
 //!   as narrow as the target hit rate allows.
 
 use std::collections::VecDeque;
-use std::fmt;
-use std::str::FromStr;
 
-use crate::error::{Error, Result};
+use crate::decode::spec::{Fanout, DEFAULT_WIDTH};
 use crate::sampling::{self, SamplingParams};
 
-/// Candidates per position when a strategy is not told its budget.
-pub const DEFAULT_WIDTH: usize = 3;
 /// Rounds over which `top-p` measures its recent hit rate.
 const HIT_WINDOW: usize = 16;
 /// Outcomes observed before the power-law exponent is fitted rather than assumed.
@@ -35,81 +31,6 @@ const MIN_RANKS: u64 = 16;
 const DEFAULT_EXPONENT: f64 = 1.0;
 /// Ranks at or beyond this are counted together.
 const RANK_CAP: usize = 64;
-
-/// How SSD spreads its branches over the verification outcomes.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Fanout {
-    /// The same number of candidates for every k.
-    Uniform(usize),
-    /// The paper's geometric allocation of a budget of branches (`None`: `DEFAULT_WIDTH` per
-    /// position).
-    Geometric(Option<usize>),
-    /// Candidate sets holding this much draft probability, under a budget that follows the hit
-    /// rate.
-    TopP(f32),
-}
-
-impl Default for Fanout {
-    fn default() -> Self {
-        Fanout::Uniform(DEFAULT_WIDTH)
-    }
-}
-
-impl Fanout {
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::option("fanout", m));
-        match *self {
-            Fanout::Uniform(0) => bad("uniform fan-out needs at least 1 candidate per position".into()),
-            Fanout::Geometric(Some(0)) => bad("geometric fan-out needs a budget of at least 1 branch".into()),
-            Fanout::TopP(p) if !(p > 0.0 && p <= 1.0) => bad(format!("top-p fan-out needs p in (0, 1], got {p}")),
-            _ => Ok(()),
-        }
-    }
-
-    /// The most branches a round with `k` draft tokens can have: the tree's KV scratch is this
-    /// many slots per tree step.
-    pub fn max_branches(&self, k: usize) -> usize {
-        match *self {
-            Fanout::Uniform(f) => f * (k + 1),
-            Fanout::Geometric(budget) => budget.unwrap_or(DEFAULT_WIDTH * (k + 1)),
-            Fanout::TopP(_) => 2 * DEFAULT_WIDTH * (k + 1),
-        }
-    }
-}
-
-impl FromStr for Fanout {
-    type Err = Error;
-
-    /// `uniform:F`, `geometric`, `geometric:B` or `top-p:P`.
-    fn from_str(s: &str) -> Result<Self> {
-        let bad =
-            || Error::option("fanout", format!("'{s}': expected uniform:F, geometric, geometric:B or top-p:P"));
-        let (name, arg) = match s.split_once(':') {
-            Some((n, a)) => (n, Some(a)),
-            None => (s, None),
-        };
-        let f = match (name, arg) {
-            ("uniform", Some(a)) => Fanout::Uniform(a.parse().map_err(|_| bad())?),
-            ("geometric", None) => Fanout::Geometric(None),
-            ("geometric", Some(a)) => Fanout::Geometric(Some(a.parse().map_err(|_| bad())?)),
-            ("top-p", Some(a)) => Fanout::TopP(a.parse().map_err(|_| bad())?),
-            _ => return Err(bad()),
-        };
-        f.validate()?;
-        Ok(f)
-    }
-}
-
-impl fmt::Display for Fanout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Fanout::Uniform(w) => write!(f, "uniform:{w}"),
-            Fanout::Geometric(None) => write!(f, "geometric"),
-            Fanout::Geometric(Some(b)) => write!(f, "geometric:{b}"),
-            Fanout::TopP(p) => write!(f, "top-p:{p}"),
-        }
-    }
-}
 
 /// One generation's fan-out: the strategy plus what it has measured so far.
 pub struct FanoutPolicy {
@@ -334,22 +255,6 @@ fn ranking_probs(logits: &[f32], params: &SamplingParams) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_and_prints_strategies() {
-        for (s, f) in [
-            ("uniform:3", Fanout::Uniform(3)),
-            ("geometric", Fanout::Geometric(None)),
-            ("geometric:12", Fanout::Geometric(Some(12))),
-            ("top-p:0.9", Fanout::TopP(0.9)),
-        ] {
-            assert_eq!(s.parse::<Fanout>().unwrap(), f);
-            assert_eq!(f.to_string(), s);
-        }
-        for bad in ["uniform", "uniform:0", "uniform:x", "geometric:0", "top-p:0", "top-p:1.5", "top-p", "fixed:3"] {
-            assert!(bad.parse::<Fanout>().is_err(), "{bad} should not parse");
-        }
-    }
 
     #[test]
     fn geometric_allocation_follows_the_paper() {

@@ -2,10 +2,18 @@
 //! own worker) already speculates round t + 1 for the likeliest verification outcomes (k, t*),
 //! so that when the target finishes, the next draft tokens are usually ready at once.
 //!
-//! One round, on the target's side (the draft's side is in `draft`):
-//! proposal (from the cache, or the backup on a miss) -> [draft: glue pass + tree decode into
-//! the speculation cache] || [target: verify rec + proposal] -> outcome (k, t*) -> commit ->
-//! the draft looks the outcome up for the next proposal.
+//! One round (`Ssd::round` here on the target's side; the draft's side answers its jobs in
+//! `draft`):
+//! 1. propose: the draft commits the last round's outcome and answers with the speculation it
+//!    cached for that outcome (a hit) or, on a miss, with its backup;
+//! 2. speculate: the draft starts its glue pass over [rec, proposal] and the tree over the
+//!    likeliest outcomes of this round, into the speculation cache...
+//! 3. verify: ...while the target judges the proposal, into the outcome (k, t*);
+//! 4. commit: s1..sk and t* join the output, and t* is the next round's `rec`;
+//! 5. the target waits for the speculation, the cache the next proposal comes from.
+//!
+//! The draft's KV cache follows the rules shared with SD (`spec`'s `kv` module): the glue pass
+//! and the tree are scratch until the outcome commits rec, s1..sk.
 //!
 //! The overlap pays only if the glue pass and the tree steps take no longer than a verify:
 //! `Stats` reports `glue_ms_mean`, `tree_step_ms_mean` and `verify_ms_mean` to choose K by.
@@ -13,14 +21,13 @@
 pub mod cache;
 mod draft;
 pub mod fanout;
-pub mod tree;
 
 use web_time::Instant;
 
 pub use draft::{DraftHost, DraftWorker, Job, Reply};
 
 use super::autoregressive::pick;
-use super::speculative::{check_draft, verify, Outcome, SpecConfig, Tally};
+use super::spec::{check_draft, timed, verify, Outcome, Proposal, SpecConfig, Tally};
 use super::{elapsed_ms, Generation, Output, Request, Sink, Stats};
 use crate::error::{Error, Result};
 use crate::model::runner::{append, Lm, Want};
@@ -101,52 +108,113 @@ async fn run(
     stats.prefill_ms = elapsed_ms(t0);
 
     let t1 = Instant::now();
-    let mut out = Output::new(req, room, sink);
-    out.push(&[rec]);
-    let mut tally = Tally::new(t1);
-    let mut time = DraftTime::default();
-    let (mut lookups, mut hits, mut multi_token_hits) = (0usize, 0usize, 0usize);
-    let mut outcome: Option<Outcome> = None;
-    while !out.done() {
-        let remaining = out.remaining();
-        draft.send(Job::Propose { outcome, rec, depth: spec.k.min(remaining - 1) })?;
-        let (proposal, hit, backup) = match draft.recv().await? {
-            Reply::Proposal { proposal, hit, backup } => (proposal, hit, backup),
-            _ => return Err(out_of_step()),
-        };
-        lookups += usize::from(hit.is_some());
-        hits += usize::from(hit == Some(true));
-        multi_token_hits += usize::from(hit == Some(true) && proposal.tokens.len() >= 2);
-        time.busy_ms += backup.map_or(0.0, |s| s.ms());
-
-        // This round commits at least the bonus token, so the next one proposes at most
-        // `remaining - 2` tokens.
-        let tokens = std::iter::once(rec).chain(proposal.tokens.iter().copied()).collect();
-        draft.send(Job::Speculate { tokens, depth: spec.k.min(remaining.saturating_sub(2)) })?;
-        let tv = Instant::now();
-        let o = verify(target, rec, &proposal, &req.sampling, &mut rng, spec.fault).await?;
-        let verify_span = Span::since(tv);
-        let mut toks = proposal.tokens[..o.accepted].to_vec();
-        toks.push(o.bonus);
-        let committed = out.push(&toks);
-        tally.round(proposal.tokens.len(), o, committed, verify_span, None, hit);
-        if out.done() {
-            break;
-        }
-        match draft.recv().await? {
-            Reply::Speculated { glue, tree } => tally.drafted(time.speculated(glue, &tree, verify_span)),
-            _ => return Err(out_of_step()),
-        }
-        rec = o.bonus;
-        outcome = Some(o);
+    let mut ssd = Ssd {
+        target,
+        draft,
+        req,
+        spec,
+        rng,
+        out: Output::new(req, room, sink),
+        tally: Tally::new(t1),
+        time: DraftTime::default(),
+        lookups: Lookups::default(),
+    };
+    ssd.out.push(&[rec]);
+    let mut last = None;
+    while !ssd.out.done() {
+        let outcome = ssd.round(rec, last).await?;
+        rec = outcome.bonus;
+        last = Some(outcome);
     }
     let decode_ms = elapsed_ms(t1);
-    tally.write(&mut stats);
-    time.write(&mut stats);
-    stats.cache_hit_rate = (lookups > 0).then(|| hits as f64 / lookups as f64);
-    stats.multi_token_hits = Some(multi_token_hits);
-    stats.finish(out.tokens.len(), decode_ms);
-    Ok(out.into_generation(stats))
+    ssd.tally.write(&mut stats);
+    ssd.time.write(&mut stats);
+    ssd.lookups.write(&mut stats);
+    stats.finish(ssd.out.tokens.len(), decode_ms);
+    Ok(ssd.out.into_generation(stats))
+}
+
+/// An SSD generation after its prefill, seen from the target's side.
+struct Ssd<'a> {
+    target: &'a mut dyn Lm,
+    draft: &'a mut DraftWorker,
+    req: &'a Request,
+    spec: &'a SpecConfig,
+    rng: Rng,
+    out: Output<'a>,
+    tally: Tally,
+    time: DraftTime,
+    lookups: Lookups,
+}
+
+impl Ssd<'_> {
+    /// One round after `rec`, whose predecessor ended with `last` (none in the first round).
+    async fn round(&mut self, rec: u32, last: Option<Outcome>) -> Result<Outcome> {
+        let remaining = self.out.remaining();
+        let (proposal, hit) = self.proposal(last, rec, self.spec.k.min(remaining - 1)).await?;
+        // This round commits at least the bonus token, so the next one proposes at most
+        // `remaining - 2` tokens.
+        self.speculate(rec, &proposal, self.spec.k.min(remaining.saturating_sub(2)))?;
+        let verifying = verify(&mut *self.target, rec, &proposal, &self.req.sampling, &mut self.rng, self.spec.fault);
+        let (outcome, verify_span) = timed(verifying).await?;
+        let committed = self.out.push(&outcome.committed(&proposal));
+        self.tally.round(proposal.tokens.len(), outcome, committed, verify_span, None, hit);
+        // A generation that just ended leaves the speculation to `generate_ssd`'s `finish`.
+        if !self.out.done() {
+            self.speculated(verify_span).await?;
+        }
+        Ok(outcome)
+    }
+
+    /// The draft commits `last` and answers with up to `depth` tokens after `rec`: the
+    /// speculation it cached for `last`, or its backup's; and whether the cache held it (`None`:
+    /// no cache was asked).
+    async fn proposal(&mut self, last: Option<Outcome>, rec: u32, depth: usize) -> Result<(Proposal, Option<bool>)> {
+        self.draft.send(Job::Propose { outcome: last, rec, depth })?;
+        let Reply::Proposal { proposal, hit, backup } = self.draft.recv().await? else {
+            return Err(out_of_step());
+        };
+        self.lookups.count(hit, &proposal);
+        self.time.busy_ms += backup.map_or(0.0, |s| s.ms());
+        Ok((proposal, hit))
+    }
+
+    /// Start the draft's glue pass and tree over [rec, proposal], `depth` tokens per branch; it
+    /// runs while the target verifies.
+    fn speculate(&mut self, rec: u32, proposal: &Proposal, depth: usize) -> Result<()> {
+        let tokens = std::iter::once(rec).chain(proposal.tokens.iter().copied()).collect();
+        self.draft.send(Job::Speculate { tokens, depth })
+    }
+
+    /// Wait for the draft's speculation, which ran beside the verify of `verify_span`.
+    async fn speculated(&mut self, verify_span: Span) -> Result<()> {
+        let Reply::Speculated { glue, tree } = self.draft.recv().await? else {
+            return Err(out_of_step());
+        };
+        self.tally.drafted(self.time.speculated(glue, &tree, verify_span));
+        Ok(())
+    }
+}
+
+/// How often the speculation cache held the outcome.
+#[derive(Default)]
+struct Lookups {
+    lookups: usize,
+    hits: usize,
+    multi_token_hits: usize,
+}
+
+impl Lookups {
+    fn count(&mut self, hit: Option<bool>, proposal: &Proposal) {
+        self.lookups += usize::from(hit.is_some());
+        self.hits += usize::from(hit == Some(true));
+        self.multi_token_hits += usize::from(hit == Some(true) && proposal.tokens.len() >= 2);
+    }
+
+    fn write(&self, stats: &mut Stats) {
+        stats.cache_hit_rate = (self.lookups > 0).then(|| self.hits as f64 / self.lookups as f64);
+        stats.multi_token_hits = Some(self.multi_token_hits);
+    }
 }
 
 fn expect_started(reply: Reply) -> Result<()> {

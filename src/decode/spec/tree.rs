@@ -1,15 +1,16 @@
-//! The speculation tree: every branch (k, t) continues the committed prefix, the glue tokens
+//! SSD's speculation tree: every branch (k, t) continues the committed prefix, the glue tokens
 //! rec, s1..sk and the candidate bonus token t, for `depth` draft steps. All branches advance
 //! together: one batched draft forward per step, with a tree mask instead of a causal one.
 //!
-//! KV layout of a round whose glue pass wrote [rec, s1..sn] at slots base..=base+n:
+//! Its slots are scratch of the draft's KV cache, under the rules of the `kv` module, whose
+//! `DraftKv::tree` runs it. Layout of a round whose glue pass wrote [rec, s1..sn] at slots base..=base+n:
 //! tree step j of branch b writes slot `base + n + 1 + j * width + b`, so steps never collide
 //! and the glue slots stay intact. Branch (k, t) at step j sits at rope position
 //! base + k + 1 + j (right after the k glue tokens it keeps) and attends to slots
 //! [0, base + k + 1) plus its own tree slots of steps 0..=j.
 
+use super::drafter::{Drafting, Proposal};
 use crate::backend::{Batch, Mask};
-use crate::decode::speculative::{Drafting, Proposal};
 use crate::error::Result;
 use crate::model::runner::Lm;
 use crate::runtime::Span;
@@ -71,7 +72,7 @@ impl Tree {
     /// Run `depth` tree steps on the draft and return each branch's drafted tokens (with their
     /// distributions when sampling) and the time each step took. Stops early, with the branches
     /// cut short, once `stop` says so (the generation this tree was for has ended or is cancelled).
-    pub(crate) async fn decode(
+    pub(super) async fn decode(
         &self,
         lm: &mut dyn Lm,
         depth: usize,

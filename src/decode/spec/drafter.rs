@@ -1,0 +1,71 @@
+//! What proposes draft tokens, and how a draft token is drawn. SD takes proposals from any
+//! [`Drafter`] (a draft model, or a lookup in the text so far); SSD's draft worker draws its
+//! tokens the same way ([`Drafting`]) but speculates on its own. The target verifies every
+//! proposal, so a drafter decides speed only, never output.
+
+use futures::future::LocalBoxFuture;
+
+use crate::decode::Request;
+use crate::error::Result;
+use crate::sampling::{self, Rng, SamplingParams};
+
+/// Draft tokens and, when sampling, the distribution (over the whole vocabulary) each one was
+/// drawn from: verification needs exactly that distribution.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Proposal {
+    pub tokens: Vec<u32>,
+    /// Empty when greedy.
+    pub q: Vec<Vec<f32>>,
+}
+
+/// What SD takes its proposals from: a draft model or a lookup in the text so far.
+pub trait Drafter {
+    /// What the statistics call it.
+    fn name(&self) -> String;
+    /// Take the prompt in, before the first round.
+    fn start<'a>(&'a mut self, prompt: &'a [u32]) -> LocalBoxFuture<'a, Result<()>>;
+    /// Up to `n` tokens to follow the committed sequence, whose last token `rec` comes new.
+    /// When sampling, each token comes with the distribution it was drawn from (`rng` draws).
+    fn propose<'a>(
+        &'a mut self,
+        rec: u32,
+        n: usize,
+        params: &'a SamplingParams,
+        rng: &'a mut Rng,
+    ) -> LocalBoxFuture<'a, Result<Proposal>>;
+    /// The target accepted the first `accepted` tokens of the last proposal.
+    fn accept(&mut self, proposal: &Proposal, accepted: usize);
+    /// How many tokens this drafter can follow after `req`'s prompt.
+    fn room(&self, req: &Request) -> usize;
+}
+
+/// Turns draft logits into draft tokens when sampling.
+pub(crate) struct Drafting<'a> {
+    pub params: &'a SamplingParams,
+    pub rng: &'a mut Rng,
+    /// Saguaro sampling: the factor C and, per draft position j, how many bonus candidates the
+    /// fan-out takes for the outcome k = j. The draft scales that many of its top tokens, plus
+    /// one for the token it is about to draft, which the fan-out will exclude.
+    pub saguaro: Option<(f32, &'a [usize])>,
+}
+
+impl Drafting<'_> {
+    /// The draft token at position `j` and the distribution it was drawn from.
+    pub fn draw(&mut self, j: usize, logits: &[f32]) -> (u32, Vec<f32>) {
+        let mut q = sampling::probs(logits, self.params);
+        if let Some((c, widths)) = self.saguaro {
+            if c < 1.0 {
+                let n = widths.get(j).copied().unwrap_or(0) + 1;
+                let top = sampling::top_n(&q, n, None);
+                sampling::saguaro_rescale(&mut q, &top, c);
+            }
+        }
+        (sampling::sample(&q, self.rng), q)
+    }
+}
+
+/// The draft's random stream: independent of the target's, or acceptance would correlate with
+/// the draws it judges.
+pub(crate) fn draft_rng(seed: u64) -> Rng {
+    Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15)
+}

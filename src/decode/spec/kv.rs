@@ -1,0 +1,314 @@
+//! The draft model's KV cache, and the one type that writes it: [`DraftKv`]. SD's model drafter
+//! and SSD's draft worker both hold their draft model in one, so these rules hold for both.
+//!
+//! - Committed prefix. Slots `[0, prefix)` hold the committed sequence (prompt and output) in
+//!   order, less its newest tokens, which the draft has not been fed: always `rec`, the token the
+//!   target added last (it arrives with the next round), and, after SD's target accepted a whole
+//!   proposal, the last draft token, which drafting never feeds. These are the unfed tokens; the
+//!   next run feeds them first. Only a prefill and a resolution move the prefix.
+//! - Scratch. Whatever a round writes lies past the prefix and commits nothing by itself. A run
+//!   writes causally from slot `prefix` on: the unfed tokens, `rec`, then draft tokens. SD's
+//!   drafting and SSD's backup feed each drafted token to draw the next, so their last one is
+//!   never written; SSD's glue pass writes a whole proposal at once, and its tree fills the slots
+//!   after the glue pass ([`Tree`] lays them out). A new run replaces an unresolved one, and
+//!   [`DraftKv::discard`] forgets one: stale slots are simply overwritten later.
+//! - Resolution. When the target's outcome (k, t*) arrives, the run's leading tokens that the
+//!   target committed (the fed ones and s1..sk, as far as the run wrote them) join the prefix and
+//!   the rest of the scratch is forgotten. Committed tokens the run did not write stay unfed; t*
+//!   is the next round's `rec`.
+//! - Room. SD's runs stay within the length the output may reach. SSD's glue pass and tree write
+//!   up to [`Tree::scratch`] slots past the prefix, so SSD's draft keeps
+//!   [`SpecConfig::draft_scratch`](super::SpecConfig::draft_scratch) slots beyond the context it
+//!   follows.
+//!
+//! A run is appended to the model like committed tokens (so the model's own length counts it);
+//! resolving or discarding the run brings that length back to the prefix.
+
+use super::drafter::{Drafting, Proposal};
+use super::tree::Tree;
+use crate::error::{Error, Result};
+use crate::model::runner::{append, Lm, Output, Want};
+use crate::runtime::Span;
+
+/// A draft model however it is held: borrowed by SD, owned by SSD's worker (and `Send` when the
+/// worker is a thread).
+pub(crate) trait DraftLm {
+    fn get(&self) -> &dyn Lm;
+    fn get_mut(&mut self) -> &mut dyn Lm;
+}
+
+impl DraftLm for &mut dyn Lm {
+    fn get(&self) -> &dyn Lm {
+        &**self
+    }
+    fn get_mut(&mut self) -> &mut dyn Lm {
+        &mut **self
+    }
+}
+
+impl DraftLm for Box<dyn Lm> {
+    fn get(&self) -> &dyn Lm {
+        &**self
+    }
+    fn get_mut(&mut self) -> &mut dyn Lm {
+        &mut **self
+    }
+}
+
+impl DraftLm for Box<dyn Lm + Send> {
+    fn get(&self) -> &dyn Lm {
+        &**self
+    }
+    fn get_mut(&mut self) -> &mut dyn Lm {
+        &mut **self
+    }
+}
+
+/// The draft model with its committed prefix and the round's run.
+pub(crate) struct DraftKv<M> {
+    lm: M,
+    prefix: usize,
+    /// Committed tokens past the prefix, before the next `rec`.
+    unfed: Vec<u32>,
+    run: Run,
+}
+
+/// What one round wrote past the prefix, causally from slot `prefix` on.
+#[derive(Default)]
+struct Run {
+    /// The unfed tokens and `rec`, then the draft tokens.
+    line: Vec<u32>,
+    /// How many leading tokens of `line` were committed when the run began.
+    fed: usize,
+    /// How many leading tokens of `line` the run wrote.
+    written: usize,
+}
+
+impl<M: DraftLm> DraftKv<M> {
+    pub fn new(lm: M) -> Self {
+        DraftKv { lm, prefix: 0, unfed: Vec::new(), run: Run::default() }
+    }
+
+    /// The model, for its configuration and capacity.
+    pub fn model(&self) -> &dyn Lm {
+        self.lm.get()
+    }
+
+    /// Begin a generation: the prompt is the whole committed prefix.
+    pub async fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
+        let lm = self.lm.get_mut();
+        lm.truncate(0);
+        self.prefix = 0;
+        self.unfed.clear();
+        self.run = Run::default();
+        append(lm, prompt, Want::LastLogits).await?;
+        self.prefix = prompt.len();
+        Ok(())
+    }
+
+    /// Draft `n` tokens after `rec` autoregressively: the run feeds the unfed tokens and `rec`,
+    /// then each drafted token but the last, to draw the next.
+    pub async fn draft(&mut self, rec: u32, n: usize, drafting: &mut Drafting<'_>) -> Result<Proposal> {
+        self.open(rec, &[]);
+        let mut p = Proposal { tokens: Vec::with_capacity(n), q: Vec::new() };
+        for j in 0..n {
+            let t = if drafting.params.is_greedy() {
+                *self.feed(Want::AllArgmax).await?.argmax().last().expect("a non-empty input")
+            } else {
+                let (t, q) = drafting.draw(j, &self.feed(Want::LastLogits).await?.logits());
+                p.q.push(q);
+                t
+            };
+            p.tokens.push(t);
+            self.run.line.push(t);
+        }
+        Ok(p)
+    }
+
+    /// SSD's glue pass: a run of the unfed tokens and `tokens` = [rec, s1..sn], all written at
+    /// once. Returns the draft's logits after rec and after each s_i (n + 1 rows).
+    pub async fn glue(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let Some((&rec, drafted)) = tokens.split_first() else {
+            return Err(Error::InvalidArgument("a glue pass needs at least the token rec".into()));
+        };
+        self.open(rec, drafted);
+        let mut logits = self.feed(Want::AllLogits).await?.logits();
+        let vocab = self.lm.get().config().vocab_size;
+        logits.drain(..(self.run.fed - 1) * vocab);
+        Ok(logits)
+    }
+
+    /// SSD's tree over the glue pass: `depth` batched steps, branch (k, t) continuing rec,
+    /// s1..sk with the candidate bonus token t. Writes only the slots after the glue pass. Returns
+    /// each branch's draft tokens and each step's time; `stop` cuts the tree short.
+    pub async fn tree(
+        &mut self,
+        branches: &[(usize, u32)],
+        depth: usize,
+        drafting: &mut Drafting<'_>,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(Vec<Proposal>, Vec<Span>)> {
+        let unfed = self.run.fed - 1;
+        let tree = Tree::new(self.prefix + unfed, self.run.written - unfed, branches.to_vec());
+        tree.decode(self.lm.get_mut(), depth, drafting, stop).await
+    }
+
+    /// The target accepted `accepted` (at most the run's draft tokens) of the run: what the run
+    /// wrote of the tokens the target committed joins the prefix, the others of them stay unfed.
+    pub fn resolve(&mut self, accepted: usize) {
+        let run = std::mem::take(&mut self.run);
+        let committed = run.fed + accepted;
+        let kept = committed.min(run.written);
+        self.prefix += kept;
+        self.lm.get_mut().truncate(self.prefix);
+        self.unfed = run.line[kept..committed].to_vec();
+    }
+
+    /// Forget the run without committing any of it.
+    pub fn discard(&mut self) {
+        self.run = Run::default();
+        self.lm.get_mut().truncate(self.prefix);
+    }
+
+    /// Begin a run of the unfed tokens, `rec` and `drafted`, replacing any run not resolved.
+    fn open(&mut self, rec: u32, drafted: &[u32]) {
+        self.lm.get_mut().truncate(self.prefix);
+        let line: Vec<u32> = self.unfed.iter().chain(&[rec]).chain(drafted).copied().collect();
+        self.run = Run { fed: self.unfed.len() + 1, written: 0, line };
+    }
+
+    /// Write the run's tokens not written yet after the others, and read `want` back.
+    async fn feed(&mut self, want: Want) -> Result<Output> {
+        let run = &mut self.run;
+        let out = append(self.lm.get_mut(), &run.line[run.written..], want).await?;
+        run.written = run.line.len();
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Batch;
+    use crate::model::config::{Arch, ModelConfig};
+    use crate::sampling::{Rng, SamplingParams};
+    use futures::executor::block_on;
+    use futures::future::{ready, LocalBoxFuture};
+
+    /// A model that records the first slot and the tokens of each batch it runs, and always
+    /// predicts token 9.
+    struct Recorder {
+        config: ModelConfig,
+        len: usize,
+        batches: Vec<(u32, Vec<u32>)>,
+    }
+
+    impl Lm for Recorder {
+        fn config(&self) -> &ModelConfig {
+            &self.config
+        }
+        fn backend_name(&self) -> String {
+            "recorder".into()
+        }
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn capacity(&self) -> usize {
+            64
+        }
+        fn truncate(&mut self, len: usize) {
+            self.len = self.len.min(len);
+        }
+        fn advance(&mut self, n: usize) -> Result<()> {
+            if self.len + n > 64 {
+                return Err(Error::InvalidArgument("full".into()));
+            }
+            self.len += n;
+            Ok(())
+        }
+        fn logits<'a>(&'a mut self, batch: &'a Batch, rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
+            self.batches.push((batch.slots[0], batch.tokens.clone()));
+            let vocab = self.config.vocab_size;
+            Box::pin(ready(Ok(rows.iter().flat_map(|_| (0..vocab).map(|t| if t == 9 { 1.0 } else { 0.0 })).collect())))
+        }
+        fn argmax<'a>(&'a mut self, batch: &'a Batch, rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
+            self.batches.push((batch.slots[0], batch.tokens.clone()));
+            Box::pin(ready(Ok(vec![9; rows.len()])))
+        }
+    }
+
+    fn recorder() -> Recorder {
+        let config = ModelConfig {
+            arch: Arch::Llama,
+            n_layers: 1,
+            d_model: 8,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 8,
+            d_ffn: 8,
+            vocab_size: 16,
+            rope_theta: 1e4,
+            rms_eps: 1e-5,
+            context_length: 64,
+            tied_embeddings: true,
+        };
+        Recorder { config, len: 0, batches: Vec::new() }
+    }
+
+    fn draft(kv: &mut DraftKv<&mut dyn Lm>, rec: u32, n: usize) -> Vec<u32> {
+        let params = SamplingParams::default();
+        let mut rng = Rng::new(0);
+        let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None };
+        block_on(kv.draft(rec, n, &mut drafting)).unwrap().tokens
+    }
+
+    #[test]
+    fn a_run_commits_only_what_the_target_committed_and_it_wrote() {
+        let mut lm = recorder();
+        let mut kv = DraftKv::new(&mut lm as &mut dyn Lm);
+        block_on(kv.prefill(&[1, 2, 3])).unwrap();
+        assert_eq!(draft(&mut kv, 4, 3), vec![9, 9, 9]);
+        assert_eq!(kv.model().len(), 6, "rec and two draft tokens written; the last never fed");
+        // All 3 accepted: rec, s1, s2 are kept; s3 was never written, so the next run feeds it.
+        kv.resolve(3);
+        assert_eq!((kv.prefix, kv.model().len(), kv.unfed.clone()), (6, 6, vec![9]));
+        draft(&mut kv, 5, 2);
+        // One accepted of two: the fed s3 and rec, then s1, join the prefix.
+        kv.resolve(1);
+        assert_eq!((kv.prefix, kv.unfed.len()), (9, 0));
+        // Nothing drafted: the fed rec stays unfed.
+        draft(&mut kv, 7, 0);
+        kv.resolve(0);
+        assert_eq!((kv.prefix, kv.unfed.clone()), (9, vec![7]));
+        drop(kv);
+        let runs: Vec<_> = lm.batches[1..].to_vec();
+        assert_eq!(
+            runs,
+            vec![(3, vec![4]), (4, vec![9]), (5, vec![9]), (6, vec![9, 5]), (8, vec![9])],
+            "each run writes causally from the prefix, unfed tokens first"
+        );
+    }
+
+    #[test]
+    fn glue_and_tree_stay_scratch_until_resolved() {
+        let mut lm = recorder();
+        let mut kv = DraftKv::new(&mut lm as &mut dyn Lm);
+        block_on(kv.prefill(&[1, 2])).unwrap();
+        draft(&mut kv, 3, 2);
+        kv.discard();
+        assert_eq!(kv.model().len(), 2, "a discarded run leaves the prefix as it was");
+        let glue = block_on(kv.glue(&[3, 4, 5])).unwrap();
+        assert_eq!(glue.len(), 3 * 16, "a row after rec and after each draft token");
+        let params = SamplingParams::default();
+        let mut rng = Rng::new(0);
+        let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None };
+        let (branches, spans) = block_on(kv.tree(&[(0, 6), (2, 7)], 2, &mut drafting, &|| false)).unwrap();
+        assert_eq!((branches.len(), spans.len()), (2, 2));
+        assert_eq!(kv.model().len(), 5, "the tree commits nothing");
+        kv.resolve(1);
+        assert_eq!((kv.prefix, kv.model().len(), kv.unfed.len()), (4, 4, 0), "rec and s1 kept");
+        drop(kv);
+        let slots: Vec<u32> = lm.batches.iter().map(|b| b.0).collect();
+        assert_eq!(slots, vec![0, 2, 3, 2, 5, 7], "the glue pass rewrites the backup's slots; the tree follows it");
+    }
+}
