@@ -5,6 +5,7 @@ pub mod config;
 pub mod gguf;
 pub mod load;
 pub mod quant;
+pub mod quantize;
 pub mod runner;
 pub mod tokenizer;
 pub mod transformer;
