@@ -7,6 +7,7 @@ pub mod load;
 pub mod quant;
 pub mod quantize;
 pub mod runner;
+pub mod slim;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;

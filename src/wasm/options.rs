@@ -85,6 +85,7 @@ impl LoadOpts {
             ssd_thread: false,
             lookup: self.prompt_lookup.unwrap_or(false).then(NgramConfig::default),
             auto: true,
+            ..EngineOptions::default()
         })
     }
 }
