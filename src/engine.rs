@@ -184,10 +184,12 @@ pub struct Engine {
     choice: Option<Choice>,
 }
 
-/// The draft model's defaults, measured with the Qwen 2.5 Coder pair on a 2-core CPU (README:
-/// "A cheaper draft").
-pub const DEFAULT_DRAFT_QUANT: Option<DType> = None;
-pub const DEFAULT_DRAFT_HEAD: Option<usize> = None;
+/// The draft model's defaults, measured with the Qwen 2.5 Coder pair on a 2-core CPU (README: "A
+/// cheaper draft"): Q4_K (Q4_1 for its 896-value rows) and the 65,536 lowest token ids keep the
+/// 0.5B draft's acceptance on code (0.85 as stored, 0.87 requantized) and read 254 MB of weights
+/// per step instead of 392 MB.
+pub const DEFAULT_DRAFT_QUANT: Option<DType> = Some(DType::Q4K);
+pub const DEFAULT_DRAFT_HEAD: Option<usize> = Some(65_536);
 
 /// Per-token acceptance assumed before any generation has measured it: a model draft of the
 /// target's family on code (measured 0.8-0.9), prompt lookup on text that partly copies its input.
