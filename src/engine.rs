@@ -14,6 +14,8 @@ use crate::decode::{
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::load::ModelFile;
+use crate::model::quant::DType;
+use crate::model::slim::{check_quant, frequent_tokens, Slimming};
 use crate::model::runner::{BoxedLm, Lm, Runner};
 use crate::model::tokenizer::{apply_chat_template, ChatMessage, StreamDecoder, Tokenizer};
 use crate::model::transformer::Transformer;
@@ -74,6 +76,13 @@ pub struct EngineOptions {
     /// With a draft and more than one mode prepared: time a few target and draft steps at load
     /// (about a second) and make the fastest mode and K for this placement the default.
     pub auto: bool,
+    /// Requantize the draft model's matrices at load to this format (q8_0, q4_0, q4_1 or q4_k)
+    /// where it is smaller than theirs; `None`: as stored. A faster draft that proposes a little
+    /// worse; the output is the target's either way. See [`crate::model::slim`].
+    pub draft_quant: Option<DType>,
+    /// Cut the draft model's output head to its `n` most frequent tokens (plus the added and
+    /// end-of-generation tokens); the draft never proposes the others. `None`: the whole vocabulary.
+    pub draft_head: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -87,6 +96,8 @@ impl Default for EngineOptions {
             ssd_thread: cfg!(not(target_arch = "wasm32")),
             lookup: None,
             auto: true,
+            draft_quant: DEFAULT_DRAFT_QUANT,
+            draft_head: DEFAULT_DRAFT_HEAD,
         }
     }
 }
@@ -130,6 +141,10 @@ impl EngineOptions {
         if self.context == 0 {
             return Err(Error::option("context", "must be at least 1 token"));
         }
+        self.draft_quant.map_or(Ok(()), check_quant)?;
+        if self.draft_head == Some(0) {
+            return Err(Error::option("draft_head", "must keep at least 1 token"));
+        }
         self.spec.validate()
     }
 }
@@ -169,6 +184,13 @@ pub struct Engine {
     choice: Option<Choice>,
 }
 
+/// The draft model's defaults, measured with the Qwen 2.5 Coder pair on a 2-core CPU (README: "A
+/// cheaper draft"): Q4_K (Q4_1 for its 896-value rows) and the 65,536 lowest token ids keep the
+/// 0.5B draft's acceptance on code (0.85 as stored, 0.87 requantized) and read 254 MB of weights
+/// per step instead of 392 MB.
+pub const DEFAULT_DRAFT_QUANT: Option<DType> = Some(DType::Q4K);
+pub const DEFAULT_DRAFT_HEAD: Option<usize> = Some(65_536);
+
 /// Per-token acceptance assumed before any generation has measured it: a model draft of the
 /// target's family on code (measured 0.8-0.9), prompt lookup on text that partly copies its input.
 const PRIOR_ACCEPTANCE: f64 = 0.8;
@@ -201,6 +223,13 @@ fn cpu_split(opts: &EngineOptions) -> Option<(usize, usize)> {
     }
     let n = std::thread::available_parallelism().ok()?.get();
     (n >= 2).then(|| (n - n / 2, n / 2))
+}
+
+/// What makes the draft model `d` cheaper under `opts`.
+fn slimming(d: &ModelFile, opts: &EngineOptions) -> Slimming {
+    let vocab = d.weights.config.vocab_size;
+    let head = opts.draft_head.map(|n| frequent_tokens(&d.tokenizer, n, vocab)).filter(|t| t.len() < vocab);
+    Slimming { quant: opts.draft_quant, head }
 }
 
 /// A draft must speak the target's vocabulary: token ids, not text, pass between them.
@@ -257,7 +286,13 @@ impl Engine {
         let context = opts.context.min(target.weights.config.context_length);
         let mut target_lm = wrap(opts.target.runner(&target.weights, context).await?);
         let separate_draft = draft.is_some();
-        let draft_weights = &draft.as_ref().unwrap_or(&target).weights;
+        // A draft model made cheaper, once for both its runners; the target drafting for itself
+        // stays as it is.
+        let slimmed = match &draft {
+            Some(d) => Some(slimming(d, opts).apply(&d.weights)?),
+            None => None,
+        };
+        let draft_weights = slimmed.as_ref().unwrap_or(&target.weights);
         let mut sd_draft = match wants(Mode::Sd) {
             true => Some(opts.draft.runner(draft_weights, capacity).await?),
             false => None,

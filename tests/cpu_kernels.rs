@@ -19,6 +19,8 @@ mod reference;
 use saguaro::backend::cpu::{matmul_with, CpuPool, KernelPath, Precision};
 use saguaro::backend::random_weight;
 use saguaro::model::quant::{self, DType};
+use saguaro::model::quantize::{quantize, QUANTIZERS};
+use saguaro::model::weights::{Bytes, Weight};
 use rand::TestRng;
 
 #[cfg(target_arch = "wasm32")]
@@ -30,6 +32,12 @@ fn reference(dtype: DType, precision: Precision, w: &[f32], x: &[f32]) -> (f64, 
 }
 
 fn check_format(dtype: DType, precision: Precision, pool: &CpuPool) {
+    check_weights(dtype, precision, pool, |n, k, seed| random_weight(dtype, n, k, seed).unwrap());
+}
+
+/// `make(n, k, seed)` gives `n` rows of `k` values of `dtype`, which the kernels must dot as the
+/// reference does.
+fn check_weights(dtype: DType, precision: Precision, pool: &CpuPool, make: impl Fn(usize, usize, u64) -> Weight) {
     let mut rng = TestRng::new(dtype.block_bytes() as u64 * 7919 + 1);
     let n = 37;
     // Odd block counts; float rows also get lengths that leave a SIMD tail.
@@ -38,7 +46,7 @@ fn check_format(dtype: DType, precision: Precision, pool: &CpuPool) {
         bs => vec![3 * bs, 5 * bs],
     };
     for k in ks {
-        let w = random_weight(dtype, n, k, rng.next()).unwrap();
+        let w = make(n, k, rng.next());
         let wf = w.to_f32();
         for m in [1, 5, 16, 64] {
             let mut x: Vec<f32> = (0..m * k).map(|_| rng.activation()).collect();
@@ -78,6 +86,24 @@ fn fast_precision_stays_within_its_bound() {
     let pool = CpuPool::new(2).unwrap();
     for dtype in DType::ALL {
         check_format(dtype, Precision::Fast, &pool);
+    }
+}
+
+/// Weights quantized from f32 by the library's own quantizers, as a requantized draft's are.
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn quantized_weights_match_the_reference() {
+    let pool = CpuPool::new(2).unwrap();
+    for dtype in QUANTIZERS {
+        for precision in [Precision::Exact, Precision::Fast] {
+            check_weights(dtype, precision, &pool, |n, k, seed| {
+                let mut rng = TestRng::new(seed);
+                let values: Vec<f32> = (0..n * k).map(|_| 0.05 * rng.activation()).collect();
+                let mut bytes = vec![0u8; dtype.bytes_for(n * k).unwrap()];
+                quantize(dtype, &values, &mut bytes).unwrap();
+                Weight::new(dtype, n, k, Bytes::from_vec(bytes)).unwrap()
+            });
+        }
     }
 }
 
@@ -122,7 +148,7 @@ fn extreme_k_blocks_do_not_overflow() {
         block[d_at..d_at + 2].copy_from_slice(&one);
         let (n, k) = (3, blocks * quant::QK_K);
         let data: Vec<u8> = (0..n * blocks).flat_map(|_| block.iter().copied()).collect();
-        let w = saguaro::model::weights::Weight::new(dtype, n, k, saguaro::model::weights::Bytes::from_vec(data)).unwrap();
+        let w = Weight::new(dtype, n, k, Bytes::from_vec(data)).unwrap();
         let wf = w.to_f32();
         for sign in [1.0f32, -1.0] {
             let x = vec![sign; 5 * k];

@@ -18,7 +18,9 @@ use saguaro::decode::{
     PromptLookup, Request, SpecConfig,
 };
 use saguaro::model::load::ModelFile;
+use saguaro::model::quant::DType;
 use saguaro::model::runner::{append, Lm, Runner, Want};
+use saguaro::model::slim::{frequent_tokens, Slimming};
 use saguaro::model::weights::ModelWeights;
 use saguaro::sampling::{self, Rng, SamplingParams};
 use saguaro::Error;
@@ -157,6 +159,22 @@ fn greedy_qwen_pair() {
     let specs = [spec(3, "geometric:4", 1.0, Backup::Jit), spec(3, "top-p:0.8", 0.5, Backup::Fast)];
     // The draft at fast precision, as the CLI runs it: its numerics differ, the output must not.
     assert_greedy_lossless(&t.weights, &d.weights, Precision::Fast, &prompts, 4, &specs, 2);
+}
+
+/// A draft made cheaper (matrices requantized from Q4_1 to Q4_0, the output head cut to 8,192 of
+/// 49,152 tokens) still gives the target's tokens: greedy SD and SSD equal AR.
+#[test]
+fn greedy_smollm2_with_a_requantized_pruned_draft() {
+    let m = real(util::SMOLLM2);
+    let vocab = m.weights.config.vocab_size;
+    let head = frequent_tokens(&m.tokenizer, 8192, vocab);
+    let draft = Slimming { quant: Some(DType::Q4_0), head: Some(head.clone()) }.apply(&m.weights).unwrap();
+    assert_eq!((draft.output.rows, draft.output.dtype), (head.len(), DType::Q4_0));
+    assert!(draft.layers.iter().all(|l| l.w_down.dtype == DType::Q4_0 && l.wq.dtype == DType::Q4_0));
+    let runs = assert_greedy_lossless(&m.weights, &draft, Precision::Fast, &golden_prompts(m), 4, &smol_specs(), 5);
+    let rate = runs.iter().map(|g| g.stats.acceptance_rate.unwrap()).sum::<f64>() / runs.len() as f64;
+    eprintln!("requantized, pruned SmolLM2 drafting for itself: acceptance {rate:.2}");
+    assert!(rate < 1.0, "the cheaper draft should differ from the target somewhere, or this test proves little");
 }
 
 /// An edit: the answer copies the prompt's code with one name changed, so prompt lookup proposes
@@ -345,8 +363,12 @@ fn seeded(params: SamplingParams, seed: u64) -> Request {
 }
 
 fn sd_counts(params: SamplingParams, spec: &SpecConfig, samples: u64) -> Counts {
+    sd_counts_with(&tiny().draft, params, spec, samples)
+}
+
+fn sd_counts_with(draft: &ModelWeights, params: SamplingParams, spec: &SpecConfig, samples: u64) -> Counts {
     let mut t = runner(&tiny().target, TINY_CAPACITY);
-    let mut d = runner(&tiny().draft, TINY_CAPACITY);
+    let mut d = runner(draft, TINY_CAPACITY);
     Counts::of(samples, |seed| sd(&mut t, &mut d, &seeded(params, seed), spec).tokens)
 }
 
@@ -357,8 +379,12 @@ struct CacheUse {
 }
 
 fn ssd_counts(params: SamplingParams, spec: &SpecConfig, samples: u64) -> (Counts, CacheUse) {
+    ssd_counts_with(&tiny().draft, params, spec, samples)
+}
+
+fn ssd_counts_with(draft: &ModelWeights, params: SamplingParams, spec: &SpecConfig, samples: u64) -> (Counts, CacheUse) {
     let mut t = runner(&tiny().target, TINY_CAPACITY);
-    let mut w = DraftWorker::new(Box::new(runner(&tiny().draft, TINY_CAPACITY))).unwrap();
+    let mut w = DraftWorker::new(Box::new(runner(draft, TINY_CAPACITY))).unwrap();
     let (mut hits, mut lookups, mut multi_token_hits) = (0.0, 0.0, 0);
     let counts = Counts::of(samples, |seed| {
         let g = ssd(&mut t, &mut w, &seeded(params, seed), spec);
@@ -475,6 +501,21 @@ fn sampling_ssd_is_lossless_with_saguaro() {
     let what = "ssd top-p:0.9 jit C=0.5, top-k/top-p sampling";
     assert_multi_token_hits(what, &cache);
     assert_unbiased(what, &c, exact(params));
+}
+
+/// A draft whose pruned head scores 10 of the 16 tokens proposes none of the other 6, which the
+/// target's top 4 often hold: the verification must still give the target's distribution.
+#[test]
+fn sampling_with_a_pruned_draft_head_is_lossless() {
+    let kept: Vec<u32> = (0..10).collect();
+    let draft = Slimming { quant: None, head: Some(kept) }.apply(&tiny().draft).unwrap();
+    let e = exact(top4_sampling());
+    let outside: f64 = e.marginal.iter().map(|p| p[10..].iter().sum::<f64>()).sum::<f64>() / SEQ as f64;
+    assert!(outside > 0.1, "the target should often pick a token the draft cannot propose ({outside:.3})");
+    let sd = sd_counts_with(&draft, top4_sampling(), &spec(K, "uniform:1", 1.0, Backup::Jit), SAMPLES);
+    assert_unbiased("sd, pruned draft head", &sd, e);
+    let (ssd, _) = ssd_counts_with(&draft, top4_sampling(), &spec(K, "uniform:2", 0.5, Backup::Jit), SAMPLES);
+    assert_unbiased("ssd uniform:2 C=0.5, pruned draft head", &ssd, e);
 }
 
 #[test]

@@ -87,7 +87,7 @@ fn assemble(config: ModelConfig, mut t: Tensors, names: &dyn Fn(&str, Option<usi
     }
     let norm = get("norm", None, 1, d)?;
     let output = if c.tied_embeddings { embed.clone() } else { get("output", None, c.vocab_size, d)? };
-    Ok(ModelWeights { config, embed, layers, norm, output })
+    Ok(ModelWeights { config, embed, layers, norm, output, head_tokens: None })
 }
 
 fn gguf_name(key: &str, layer: Option<usize>) -> String {

@@ -324,26 +324,7 @@ mod tests {
         assert_eq!(y[31], 7.5);
     }
 
-    /// Packed 6-bit scales/mins of the eight 32-value sub-blocks of a Q4_K/Q5_K block.
-    fn k_scales(sc: [u8; 8], m: [u8; 8]) -> [u8; 12] {
-        let mut q = [0u8; 12];
-        for j in 0..4 {
-            q[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
-            q[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
-            q[j + 8] = (sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4);
-        }
-        q
-    }
-
-    #[test]
-    fn scale_min_unpacking_roundtrips() {
-        let sc = [1, 2, 63, 4, 33, 17, 63, 0];
-        let m = [5, 0, 7, 62, 48, 1, 31, 63];
-        let q = k_scales(sc, m);
-        for j in 0..8 {
-            assert_eq!(scale_min_k4(j, &q), (sc[j], m[j]), "sub-block {j}");
-        }
-    }
+    use crate::model::quantize::pack_scale_min_k4 as k_scales;
 
     #[test]
     fn q4_k_and_q5_k() {

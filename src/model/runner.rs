@@ -130,13 +130,34 @@ impl<B: Backend> Lm for Runner<B> {
     fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
         Box::pin(async move {
             let t = self.run(batch, out_rows)?;
-            self.model.backend.read(&t).await
+            let logits = self.model.backend.read(&t).await?;
+            Ok(match self.model.head_tokens() {
+                Some(tokens) => scatter(&logits, tokens, self.model.config.vocab_size),
+                None => logits,
+            })
         })
     }
     fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
         Box::pin(async move {
             let t = self.run(batch, out_rows)?;
-            self.model.backend.argmax(&t).await
+            let best = self.model.backend.argmax(&t).await?;
+            Ok(match self.model.head_tokens() {
+                Some(tokens) => best.into_iter().map(|i| tokens[i as usize]).collect(),
+                None => best,
+            })
         })
     }
+}
+
+/// Rows of logits over `tokens` spread into rows over the whole vocabulary, -inf elsewhere: the
+/// tokens a pruned head does not score get probability 0, which sampling and the target's
+/// verification handle like any unlikely token.
+fn scatter(logits: &[f32], tokens: &[u32], vocab: usize) -> Vec<f32> {
+    let mut out = vec![f32::NEG_INFINITY; logits.len() / tokens.len() * vocab];
+    for (row, full) in logits.chunks_exact(tokens.len()).zip(out.chunks_exact_mut(vocab)) {
+        for (&l, &t) in row.iter().zip(tokens) {
+            full[t as usize] = l;
+        }
+    }
+    out
 }

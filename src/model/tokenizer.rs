@@ -185,6 +185,13 @@ impl Tokenizer {
         format!("{n}:{h:016x}")
     }
 
+    /// Ids of the added tokens (control and user-defined: chat markers, end of text, ...), sorted.
+    pub fn added_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.inner.get_added_tokens_decoder().keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Token ids that end generation.
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids

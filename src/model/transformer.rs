@@ -27,10 +27,12 @@ pub struct Transformer<B: Backend> {
     layers: Vec<Layer<B::Weight>>,
     norm: B::Weight,
     output: B::Weight,
+    head_tokens: Option<Vec<u32>>,
 }
 
 impl<B: Backend> Transformer<B> {
     pub fn new(backend: B, w: &ModelWeights) -> Result<Self> {
+        check_head(w)?;
         let load = |x| backend.load_weight(x);
         let opt = |x: &Option<_>| x.as_ref().map(|x| backend.load_weight(x)).transpose();
         let layers = w
@@ -58,6 +60,7 @@ impl<B: Backend> Transformer<B> {
             embed: load(&w.embed)?,
             norm: load(&w.norm)?,
             output: load(&w.output)?,
+            head_tokens: w.head_tokens.clone(),
             layers,
             backend,
         })
@@ -67,9 +70,15 @@ impl<B: Backend> Transformer<B> {
         self.backend.new_cache(self.config.n_layers, capacity, self.config.kv_dim())
     }
 
+    /// The tokens the output head's rows score, when it scores fewer than the vocabulary.
+    pub fn head_tokens(&self) -> Option<&[u32]> {
+        self.head_tokens.as_deref()
+    }
+
     /// Run `batch` through the model, writing its K/V into `cache`; returns the logits
-    /// `[out_rows.len(), vocab]` of the requested batch rows only (the output head is the most
-    /// expensive matmul, and a prefill needs just its last row).
+    /// `[out_rows.len(), head rows]` of the requested batch rows only (the output head is the most
+    /// expensive matmul, and a prefill needs just its last row). The head rows are the vocabulary,
+    /// or the [`Self::head_tokens`] of a pruned head.
     pub fn forward(&self, cache: &mut B::Cache, batch: &Batch, out_rows: &[u32]) -> Result<B::Tensor> {
         let c = &self.config;
         let m = batch.len();
@@ -102,5 +111,23 @@ impl<B: Backend> Transformer<B> {
         };
         let x = b.rms_norm(&x, &self.norm, c.rms_eps)?;
         b.matmul(&x, &self.output, None)
+    }
+}
+
+/// The output head has a row per token of the vocabulary, or per token of its `head_tokens`.
+fn check_head(w: &ModelWeights) -> Result<()> {
+    let vocab = w.config.vocab_size;
+    let ok = match &w.head_tokens {
+        None => w.output.rows == vocab,
+        Some(t) => !t.is_empty() && w.output.rows == t.len() && t.iter().all(|&id| (id as usize) < vocab),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_model(format!(
+            "the output head has {} rows for a vocabulary of {vocab} tokens ({} head tokens)",
+            w.output.rows,
+            w.head_tokens.as_ref().map_or("no".into(), |t| t.len().to_string())
+        )))
     }
 }

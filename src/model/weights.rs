@@ -141,4 +141,8 @@ pub struct ModelWeights {
     pub norm: Weight,
     /// The output head; the embedding table itself when the model ties them.
     pub output: Weight,
+    /// The tokens whose logits the output head's rows compute, when it has fewer rows than the
+    /// vocabulary (a pruned draft head): every other token's logit is -inf. `None`: row i is
+    /// token i.
+    pub head_tokens: Option<Vec<u32>>,
 }

@@ -85,6 +85,10 @@ impl LoadOpts {
             ssd_thread: false,
             lookup: self.prompt_lookup.unwrap_or(false).then(NgramConfig::default),
             auto: true,
+            // Drafts run as stored: requantizing at load would take the page's one thread, and
+            // what a cheaper draft buys was measured natively only.
+            draft_quant: None,
+            draft_head: None,
         })
     }
 }

@@ -12,7 +12,9 @@ use web_time::Instant;
 use saguaro::backend::cpu::Precision;
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
 use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig};
-use saguaro::engine::{Device, Engine, EngineOptions};
+use saguaro::engine::{Device, Engine, EngineOptions, DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT};
+use saguaro::model::quant::DType;
+use saguaro::model::slim::check_quant;
 use saguaro::model::load::{open, ModelFile};
 use saguaro::sampling::SamplingParams;
 use saguaro::{Error, Result};
@@ -37,6 +39,28 @@ impl fmt::Display for ModeArg {
             Some(m) => m.fmt(f),
             None => f.write_str("auto"),
         }
+    }
+}
+
+/// A format to requantize the draft to, or `none`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftQuantArg(pub Option<DType>);
+
+impl FromStr for DraftQuantArg {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "none" {
+            return Ok(DraftQuantArg(None));
+        }
+        let q: DType = s.parse().map_err(|_| Error::InvalidArgument(format!("'{s}': expected none, q8_0, q4_0, q4_1 or q4_k")))?;
+        check_quant(q)?;
+        Ok(DraftQuantArg(Some(q)))
+    }
+}
+
+impl fmt::Display for DraftQuantArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.map_or("none", DType::name))
     }
 }
 
@@ -111,6 +135,19 @@ pub struct EngineArgs {
     /// proposal, so output is unchanged) or exact.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Fast)]
     pub draft_precision: PrecisionArg,
+    /// Requantize the draft's matrices at load to none (as stored), q8_0, q4_0, q4_1 or q4_k,
+    /// where that is smaller than their own format (q4_k rows that are not whole 256-value blocks
+    /// take q4_1; the embedding table is left as is, the output head is requantized too). A draft
+    /// step reads every matrix, so a smaller draft steps faster; it also proposes a little worse.
+    /// The output is the target's either way.
+    #[arg(long, default_value_t = DraftQuantArg(DEFAULT_DRAFT_QUANT))]
+    pub draft_quant: DraftQuantArg,
+    /// Score only the draft's N most frequent tokens (the lowest ids of a byte-level BPE
+    /// vocabulary, plus the chat and end-of-text tokens); 0 = the whole vocabulary. The output
+    /// head is a large part of a small draft's bytes; the draft then never proposes the other
+    /// tokens, and the output is the target's either way.
+    #[arg(long, default_value_t = DEFAULT_DRAFT_HEAD.unwrap_or(0), allow_negative_numbers = true)]
+    pub draft_head: usize,
     /// Draft tokens per round (K). Default: chosen by measurement in mode auto, else 4.
     #[arg(long, allow_negative_numbers = true)]
     pub spec_k: Option<usize>,
@@ -208,6 +245,8 @@ impl EngineArgs {
             context: self.context,
             modes,
             lookup: self.lookup().then(NgramConfig::default),
+            draft_quant: self.draft_quant.0,
+            draft_head: (self.draft_head > 0).then_some(self.draft_head),
             ..EngineOptions::default()
         };
         // Checked before the models load, so a bad value is reported at once.
