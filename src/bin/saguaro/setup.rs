@@ -234,6 +234,15 @@ impl EngineArgs {
 
     /// Load the models and build an engine ready for `modes` (`auto` among them: every mode).
     pub fn engine(&self, modes: &[ModeArg]) -> Result<Engine> {
+        self.build(modes, self.spec())
+    }
+
+    /// As [`EngineArgs::engine`], with room for K draft tokens per round whatever `--spec-k` says.
+    pub fn engine_with_k(&self, modes: &[ModeArg], k: usize) -> Result<Engine> {
+        self.build(modes, SpecConfig { k, ..self.spec() })
+    }
+
+    fn build(&self, modes: &[ModeArg], spec: SpecConfig) -> Result<Engine> {
         let modes: Vec<Mode> = match modes.iter().map(|m| m.0).collect::<Option<Vec<_>>>() {
             Some(fixed) => fixed,
             None => Vec::new(),
@@ -241,7 +250,7 @@ impl EngineArgs {
         let opts = EngineOptions {
             target: self.device(self.backend, self.threads, self.precision),
             draft: self.device(self.draft_backend, self.draft_threads, self.draft_precision),
-            spec: self.spec(),
+            spec,
             context: self.context,
             modes,
             lookup: self.lookup().then(NgramConfig::default),

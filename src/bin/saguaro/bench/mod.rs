@@ -1,0 +1,200 @@
+//! `saguaro bench`: every mode on every prompt (at each K of a sweep), outputs checked against
+//! each other, one table of speed and of what a round costs in target decodes; optionally a plot
+//! and llama.cpp's own benchmark alternated with ours.
+
+mod llama;
+mod plot;
+mod report;
+
+use std::path::PathBuf;
+
+use clap::Args;
+use futures::executor::block_on;
+use serde_json::json;
+
+use saguaro::decode::Mode;
+use saguaro::engine::{Completion, Engine, GenerateOptions, Prompt};
+use saguaro::model::tokenizer::ChatMessage;
+use saguaro::{Error, Result};
+
+use crate::setup::{EngineArgs, ModeArg};
+
+/// Built-in prompts: code completion and chat, the workloads speculation is for.
+const PROMPTS: &[(&str, bool)] = &[
+    ("def quicksort(arr):\n    \"\"\"Sort a list with quicksort.\"\"\"\n", false),
+    ("Write a Python function that checks whether a string is a palindrome.", true),
+    ("fn main() {\n    let v: Vec<i32> = (1..=10).collect();\n", false),
+    ("Explain what a hash map is in two sentences.", true),
+];
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Comma-separated modes to compare (auto: the engine's measured choice).
+    #[arg(long, value_delimiter = ',', default_value = "ar,sd,ssd")]
+    modes: Vec<ModeArg>,
+    /// Run every speculative mode at each of these K (comma-separated); AR runs once.
+    #[arg(long, value_delimiter = ',', conflicts_with = "spec_k")]
+    sweep_k: Vec<usize>,
+    /// A JSON file of prompts: an array of strings, or {"prompts": [...]}; used raw (no chat template).
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Tokens to generate per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG plot of tokens/s by mode and K to this file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// A llama.cpp `llama-bench` binary: run it on the same target file and threads, alternated
+    /// with our AR decoding, and report its decode speed beside ours.
+    #[arg(long)]
+    llama_bench: Option<PathBuf>,
+    /// How many times to alternate our AR decoding with llama-bench.
+    #[arg(long, default_value_t = 3)]
+    llama_reps: usize,
+}
+
+/// One mode at one K over every prompt.
+pub struct Run {
+    pub mode: ModeArg,
+    /// The K it ran at; `None` for AR, and for auto choosing its own.
+    pub k: Option<usize>,
+    pub gens: Vec<Completion>,
+}
+
+fn load_prompts(args: &BenchArgs) -> Result<Vec<Prompt>> {
+    let raw: Vec<(String, bool)> = match &args.prompts {
+        None => PROMPTS.iter().map(|&(p, chat)| (p.to_owned(), chat)).collect(),
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))?;
+            let list = v.get("prompts").unwrap_or(&v);
+            list.as_array()
+                .and_then(|a| a.iter().map(|p| p.as_str().map(|s| (s.to_owned(), false))).collect::<Option<Vec<_>>>())
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("{}: expected a non-empty array of prompt strings", path.display()))
+                })?
+        }
+    };
+    Ok(raw
+        .into_iter()
+        .map(|(p, chat)| if chat { Prompt::Chat(vec![ChatMessage::new("user", &p)]) } else { Prompt::Text(p) })
+        .collect())
+}
+
+/// Refuse bad options before any model loads.
+fn check(args: &BenchArgs) -> Result<()> {
+    if args.modes.is_empty() {
+        return Err(Error::InvalidArgument("--modes is empty".into()));
+    }
+    if let Some(&k) = args.sweep_k.iter().find(|&&k| !(1..=64).contains(&k)) {
+        return Err(Error::InvalidArgument(format!("--sweep-k: draft tokens per round must be in 1..=64, got {k}")));
+    }
+    if args.llama_bench.is_some() && args.llama_reps == 0 {
+        return Err(Error::InvalidArgument("--llama-reps: must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// The (mode, K) pairs to run: AR once (K does not concern it), every other mode at each K.
+fn plan(args: &BenchArgs) -> Vec<(ModeArg, Option<usize>)> {
+    let ks: Vec<Option<usize>> =
+        if args.sweep_k.is_empty() { vec![args.engine.spec_k] } else { args.sweep_k.iter().map(|&k| Some(k)).collect() };
+    let mut runs = Vec::new();
+    for &mode in &args.modes {
+        if mode.0 == Some(Mode::Ar) {
+            runs.push((mode, None));
+        } else {
+            runs.extend(ks.iter().map(|&k| (mode, k)));
+        }
+    }
+    runs
+}
+
+fn run_one(engine: &mut Engine, prompts: &[Prompt], mode: ModeArg, k: Option<usize>, max_tokens: usize) -> Result<Run> {
+    let spec = k.map(|k| saguaro::decode::SpecConfig { k, ..engine.spec().clone() });
+    let opts = GenerateOptions { mode: mode.0, max_tokens, spec, ..GenerateOptions::default() };
+    let mut gens = Vec::new();
+    for (i, prompt) in prompts.iter().enumerate() {
+        let g = block_on(engine.generate(prompt, &opts, &mut |_, _| true))?;
+        let at = k.map_or(String::new(), |k| format!(" k={k}"));
+        eprintln!("{mode}{at} prompt {i}: {} tokens, {:.1} tok/s", g.stats.generated, g.stats.tokens_per_s);
+        gens.push(g);
+    }
+    // SD and SSD without a K of their own run at the engine's.
+    let k = k.or((mode.0 != Some(Mode::Ar) && mode.0.is_some()).then(|| engine.spec().k));
+    Ok(Run { mode, k, gens })
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    check(args)?;
+    let prompts = load_prompts(args)?;
+    let mut engine = if let Some(&largest) = args.sweep_k.iter().max() {
+        // Built for the largest K, so the draft cache holds every K of the sweep.
+        args.engine.engine_with_k(&args.modes, largest)?
+    } else {
+        args.engine.engine(&args.modes)?
+    };
+    let mut runs = Vec::new();
+    for (mode, k) in plan(args) {
+        runs.push(run_one(&mut engine, &prompts, mode, k, args.max_tokens)?);
+    }
+    // Greedy decoding is lossless: every mode at every K must produce the same tokens.
+    let mut agree = true;
+    for r in &runs[1..] {
+        for (i, g) in r.gens.iter().enumerate() {
+            if g.tokens != runs[0].gens[i].tokens {
+                agree = false;
+                eprintln!("MISMATCH: {} and {} differ on prompt {i}", report::label(&runs[0]), report::label(r));
+            }
+        }
+    }
+    let llama = match &args.llama_bench {
+        Some(path) => {
+            let ks: Vec<usize> = if args.sweep_k.is_empty() { vec![engine.spec().k] } else { args.sweep_k.clone() };
+            let setup = llama::Setup {
+                binary: path,
+                model: &args.engine.target,
+                threads: args.engine.threads,
+                tokens: args.max_tokens,
+                reps: args.llama_reps,
+                ks: &ks,
+            };
+            Some(llama::compare(&setup, &mut engine, &prompts[0])?)
+        }
+        None => None,
+    };
+    let unit = report::DecodeUnit::of(&runs, &engine);
+    let rows = report::rows(&runs, unit.as_ref());
+    if let Some(path) = &args.plot {
+        let svg = plot::svg(&rows, llama.as_ref().map(|l| l.decode_tokens_per_s.median));
+        std::fs::write(path, svg).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    }
+    if args.json {
+        let spec = engine.spec();
+        println!(
+            "{}",
+            json!({"prompts": prompts.len(), "max_tokens": args.max_tokens, "spec_k": spec.k,
+                   "sweep_k": args.sweep_k, "fanout": spec.fanout.to_string(), "outputs_agree": agree,
+                   "decode_ms": unit.as_ref().map(|u| u.ms), "decode_measured_by": unit.as_ref().map(|u| u.source),
+                   "modes": rows, "llama_cpp": llama})
+        );
+    } else {
+        report::print_table(&rows, unit.as_ref(), agree);
+        if let Some(l) = &llama {
+            llama::print(l);
+        }
+    }
+    if agree {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument("greedy outputs of the modes differ: decoding is not lossless".into()))
+    }
+}
