@@ -14,12 +14,12 @@ use saguaro::decode::{
     generate_ar, generate_sd, generate_ssd, Backup, CancelToken, DraftWorker, FinishReason, Generation, Request,
     SpecConfig,
 };
-use saguaro::model::runner::Lm;
+use saguaro::model::runner::{Hooked, Lm};
 use saguaro::model::weights::ModelWeights;
 use saguaro::sampling::SamplingParams;
 use saguaro::Error;
 
-use common::{runner, tiny_weights, Hooked};
+use common::{runner, tiny_weights};
 
 const VOCAB: usize = 32;
 const PROMPT: [u32; 3] = [1, 5, 9];
@@ -228,9 +228,10 @@ fn a_cancel_during_ssd_speculation_stops_the_tree() {
                 if !batch.mask.extra.is_empty() && tree_steps.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
                     cancel.cancel();
                 }
+                None
             }
         };
-        let lm = Hooked { inner: runner(&m.draft, CAPACITY + spec().draft_scratch()), hook };
+        let lm = Hooked::new(runner(&m.draft, CAPACITY + spec().draft_scratch()), hook);
         let mut w = if inline { DraftWorker::inline(Box::new(lm)) } else { DraftWorker::new(Box::new(lm)).unwrap() };
         let mut t = runner(&m.target, CAPACITY);
         let g = block_on(generate_ssd(&mut t, &mut w, &cancelled, &spec(), &mut |_| true)).unwrap();

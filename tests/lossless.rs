@@ -19,13 +19,13 @@ use saguaro::decode::{
 };
 use saguaro::model::load::ModelFile;
 use saguaro::model::quant::DType;
-use saguaro::model::runner::{append, Lm, Runner, Want};
+use saguaro::model::runner::{append, Hooked, Lm, Runner, Want};
 use saguaro::model::slim::{frequent_tokens, Slimming};
 use saguaro::model::weights::ModelWeights;
 use saguaro::sampling::{self, Rng, SamplingParams};
 use saguaro::Error;
 
-use common::{runner, tiny_weights, Hooked};
+use common::{runner, tiny_weights};
 
 fn request(prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> Request {
     Request { prompt: prompt.to_vec(), max_tokens, sampling, ..Request::default() }
@@ -625,8 +625,9 @@ fn the_draft_worker_survives_errors_panics_and_cancellation() {
         if forwards.fetch_add(1, Ordering::SeqCst) == 5 {
             panic!("injected draft failure");
         }
+        None
     };
-    let mut w = DraftWorker::new(Box::new(Hooked { inner: runner(&tiny().draft, 40), hook })).unwrap();
+    let mut w = DraftWorker::new(Box::new(Hooked::new(runner(&tiny().draft, 40), hook))).unwrap();
     let s = spec(2, "uniform:2", 1.0, Backup::Jit);
     let req = request(&PROMPT, 12, SamplingParams::default());
     let want = ar(&mut t, &req).tokens;

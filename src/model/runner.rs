@@ -35,6 +35,34 @@ pub type BoxedLm = Box<dyn Lm + Send>;
 #[cfg(target_arch = "wasm32")]
 pub type BoxedLm = Box<dyn Lm>;
 
+/// A boxed model is a model, so wrappers such as [`Hooked`] take one.
+impl<L: Lm + ?Sized> Lm for Box<L> {
+    fn config(&self) -> &ModelConfig {
+        (**self).config()
+    }
+    fn backend_name(&self) -> String {
+        (**self).backend_name()
+    }
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn capacity(&self) -> usize {
+        (**self).capacity()
+    }
+    fn truncate(&mut self, len: usize) {
+        (**self).truncate(len)
+    }
+    fn advance(&mut self, n: usize) -> Result<()> {
+        (**self).advance(n)
+    }
+    fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
+        (**self).logits(batch, out_rows)
+    }
+    fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
+        (**self).argmax(batch, out_rows)
+    }
+}
+
 /// What to read back from an append.
 pub enum Want {
     /// Logits of the last row.
@@ -83,6 +111,62 @@ pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want) -> Result<Outpu
     };
     lm.advance(tokens.len())?;
     Ok(out)
+}
+
+/// What a [`Hooked`] model's hook may ask to await before the forward runs.
+pub type Pause = Option<LocalBoxFuture<'static, ()>>;
+
+/// A model that shows each batch to `hook` before running it, and awaits the pause the hook
+/// returns: the browser lets its event loop turn there, tests inject a failure or a cancellation
+/// at a chosen forward.
+pub struct Hooked<L, H> {
+    inner: L,
+    hook: H,
+}
+
+impl<L: Lm, H: FnMut(&Batch) -> Pause> Hooked<L, H> {
+    pub fn new(inner: L, hook: H) -> Self {
+        Hooked { inner, hook }
+    }
+}
+
+impl<L: Lm, H: FnMut(&Batch) -> Pause> Lm for Hooked<L, H> {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn backend_name(&self) -> String {
+        self.inner.backend_name()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.inner.truncate(len)
+    }
+    fn advance(&mut self, n: usize) -> Result<()> {
+        self.inner.advance(n)
+    }
+    fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
+        let pause = (self.hook)(batch);
+        Box::pin(async move {
+            if let Some(p) = pause {
+                p.await;
+            }
+            self.inner.logits(batch, out_rows).await
+        })
+    }
+    fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
+        let pause = (self.hook)(batch);
+        Box::pin(async move {
+            if let Some(p) = pause {
+                p.await;
+            }
+            self.inner.argmax(batch, out_rows).await
+        })
+    }
 }
 
 pub struct Runner<B: Backend> {

@@ -18,8 +18,7 @@ use web_time::{Duration, Instant};
 use crate::backend::Batch;
 use crate::decode::ssd::{Job, Reply};
 use crate::error::{Error, Result};
-use crate::model::config::ModelConfig;
-use crate::model::runner::{BoxedLm, Lm};
+use crate::model::runner::{BoxedLm, Hooked, Pause};
 use crate::runtime::{Channel, RelSpan};
 
 /// A reply as it crosses `postMessage`: `{ok: reply}` or `{error: {code, message}}`.
@@ -102,58 +101,18 @@ impl Drop for PortChannel {
 /// How long a computation may hold the event loop before it yields a turn.
 const YIELD_EVERY: Duration = Duration::from_millis(10);
 
-/// A model that lets the event loop run (at most every [`YIELD_EVERY`]) before each forward:
-/// messages such as an abort, or the draft's replies, are delivered between rounds even when
-/// every forward computes synchronously on the CPU.
-pub struct Yielding {
-    inner: BoxedLm,
-    last: Instant,
-}
-
-impl Yielding {
-    pub fn new(inner: BoxedLm) -> Self {
-        Yielding { inner, last: Instant::now() }
-    }
-
-    async fn pause(&mut self) {
-        if self.last.elapsed() >= YIELD_EVERY {
-            next_task().await;
-            self.last = Instant::now();
+/// The engine's model wrapped so that the event loop runs (at most every [`YIELD_EVERY`]) before
+/// each forward: messages such as an abort, or the draft's replies, are delivered between rounds
+/// even when every forward computes synchronously on the CPU.
+pub fn yielding(inner: BoxedLm) -> Hooked<BoxedLm, impl FnMut(&Batch) -> Pause> {
+    let mut last = Instant::now();
+    Hooked::new(inner, move |_: &Batch| {
+        if last.elapsed() < YIELD_EVERY {
+            return None;
         }
-    }
-}
-
-impl Lm for Yielding {
-    fn config(&self) -> &ModelConfig {
-        self.inner.config()
-    }
-    fn backend_name(&self) -> String {
-        self.inner.backend_name()
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-    fn truncate(&mut self, len: usize) {
-        self.inner.truncate(len)
-    }
-    fn advance(&mut self, n: usize) -> Result<()> {
-        self.inner.advance(n)
-    }
-    fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
-        Box::pin(async move {
-            self.pause().await;
-            self.inner.logits(batch, out_rows).await
-        })
-    }
-    fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
-        Box::pin(async move {
-            self.pause().await;
-            self.inner.argmax(batch, out_rows).await
-        })
-    }
+        last = Instant::now();
+        Some(Box::pin(next_task()) as LocalBoxFuture<'static, ()>)
+    })
 }
 
 /// One `MessageChannel` per thread whose message resolves the pending turn: unlike a chain of

@@ -126,7 +126,7 @@ impl WasmEngine {
             let target = target.parse()?;
             let draft = draft.map(ModelBuffer::parse).transpose()?;
             let engine = Engine::with_target_wrapper(target, draft, &engine_opts, |lm| {
-                Box::new(channel::Yielding::new(lm)) as BoxedLm
+                Box::new(channel::yielding(lm)) as BoxedLm
             })
             .await
             .map_err(|e| js_error(&e))?;

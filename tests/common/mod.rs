@@ -2,12 +2,9 @@
 //! sequences, small enough in vocabulary to enumerate their exact output distribution.
 #![allow(dead_code)]
 
-use futures::future::LocalBoxFuture;
-
 use saguaro::backend::cpu::CpuBackend;
-use saguaro::backend::Batch;
 use saguaro::model::config::{Arch, ModelConfig};
-use saguaro::model::runner::{Lm, Runner};
+use saguaro::model::runner::Runner;
 use saguaro::model::transformer::Transformer;
 use saguaro::model::weights::{LayerWeights, ModelWeights, Weight};
 use saguaro::sampling::Rng;
@@ -60,40 +57,4 @@ pub fn tiny_weights(seed: u64, vocab: usize, n_layers: usize, scale: f32) -> Mod
 pub fn runner(weights: &ModelWeights, capacity: usize) -> Runner<CpuBackend> {
     let backend = CpuBackend::new(1).expect("a CPU backend");
     Runner::new(Transformer::new(backend, weights).expect("a transformer"), capacity).expect("a runner")
-}
-
-/// A model that shows `hook` every batch before running it: tests inject a failure or a
-/// cancellation at a chosen forward, or count forwards of a kind.
-pub struct Hooked<H> {
-    pub inner: Runner<CpuBackend>,
-    pub hook: H,
-}
-
-impl<H: FnMut(&Batch) + 'static> Lm for Hooked<H> {
-    fn config(&self) -> &ModelConfig {
-        self.inner.config()
-    }
-    fn backend_name(&self) -> String {
-        self.inner.backend_name()
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-    fn truncate(&mut self, len: usize) {
-        self.inner.truncate(len)
-    }
-    fn advance(&mut self, n: usize) -> saguaro::Result<()> {
-        self.inner.advance(n)
-    }
-    fn logits<'a>(&'a mut self, batch: &'a Batch, rows: &'a [u32]) -> LocalBoxFuture<'a, saguaro::Result<Vec<f32>>> {
-        (self.hook)(batch);
-        self.inner.logits(batch, rows)
-    }
-    fn argmax<'a>(&'a mut self, batch: &'a Batch, rows: &'a [u32]) -> LocalBoxFuture<'a, saguaro::Result<Vec<u32>>> {
-        (self.hook)(batch);
-        self.inner.argmax(batch, rows)
-    }
 }
