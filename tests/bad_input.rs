@@ -309,3 +309,19 @@ fn a_tokenizer_json_that_is_not_json_is_an_error() {
     files[1].1 = b"{\"decoder\": {\"type\": \"ByteLevel\x01\"}}".to_vec();
     assert!(hf_err(files).contains("tokenizer.json is not valid JSON"));
 }
+
+/// Found by the `hf_dir` fuzzer: a merge whose token is longer than every vocabulary entry made
+/// `tokenizers` panic while building the BPE model.
+#[test]
+fn a_merge_longer_than_any_token_is_an_error() {
+    let json = |merges: &str| {
+        format!(
+            r#"{{"version":"1.0","model":{{"type":"BPE","vocab":{{"a":0,"b":1,"ab":2}},"merges":[{merges}]}}}}"#
+        )
+    };
+    assert!(saguaro::model::tokenizer::Tokenizer::from_json(json(r#""a b""#).as_bytes()).is_ok());
+    for merges in [r#""ab ab""#, r#"["ab", "ab"]"#] {
+        let e = saguaro::model::tokenizer::Tokenizer::from_json(json(merges).as_bytes()).err().expect("an error");
+        assert!(e.to_string().contains("merge 0"), "{e}");
+    }
+}

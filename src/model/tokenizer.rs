@@ -24,6 +24,31 @@ const QWEN2_PATTERN: &str =
 const TOKEN_TYPE_CONTROL: u64 = 3;
 const TOKEN_TYPE_USER_DEFINED: u64 = 4;
 
+/// `tokenizers` 0.23 builds each BPE merge's token in a buffer as long as the vocabulary's
+/// longest token and panics when a merge is longer, or when its second part is shorter than the
+/// continuing-subword prefix it strips: refuse such merges first. Anything else wrong with the
+/// model it reports as an error itself.
+fn check_bpe_merges(model: &serde_json::Value) -> Result<()> {
+    let (Some(vocab), Some(merges)) = (model["vocab"].as_object(), model["merges"].as_array()) else {
+        return Ok(());
+    };
+    let longest = vocab.keys().map(String::len).max().unwrap_or(0);
+    let prefix = model["continuing_subword_prefix"].as_str().unwrap_or("");
+    for (i, merge) in merges.iter().enumerate() {
+        let (a, b) = match merge {
+            serde_json::Value::String(m) => m.split_once(' ').unwrap_or((m, "")),
+            serde_json::Value::Array(p) if p.len() == 2 => (p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or("")),
+            _ => continue,
+        };
+        if !b.starts_with(prefix) || a.len() + b.len() - prefix.len() > longest {
+            return Err(Error::Tokenizer(format!(
+                "tokenizer.json: merge {i} ({a:?} + {b:?}) makes a token that is not in the vocabulary"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn err(e: impl fmt::Display) -> Error {
     Error::Tokenizer(e.to_string())
 }
@@ -135,6 +160,7 @@ impl Tokenizer {
         // parsed value it can only return errors.
         let json: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| Error::Tokenizer(format!("tokenizer.json is not valid JSON: {e}")))?;
+        check_bpe_merges(&json["model"])?;
         let inner: tokenizers::Tokenizer = serde_json::from_value(json).map_err(err)?;
         Ok(Tokenizer {
             inner,
