@@ -37,6 +37,25 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// A one-layer, 16-token model's shape for unit tests that never run its weights.
+    #[cfg(test)]
+    pub(crate) fn tiny() -> Self {
+        ModelConfig {
+            arch: Arch::Llama,
+            n_layers: 1,
+            d_model: 8,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 8,
+            d_ffn: 8,
+            vocab_size: 16,
+            rope_theta: 1e4,
+            rms_eps: 1e-5,
+            context_length: 64,
+            tied_embeddings: true,
+        }
+    }
+
     /// Every dimension nonzero, consistent and within sane bounds (far above any model this
     /// engine runs, far below sizes whose products could overflow), before anything is
     /// allocated from them.

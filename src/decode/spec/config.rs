@@ -248,20 +248,7 @@ mod tests {
 
     #[test]
     fn draft_vocabulary_must_match() {
-        let cfg = ModelConfig {
-            arch: crate::model::config::Arch::Llama,
-            n_layers: 1,
-            d_model: 8,
-            n_heads: 1,
-            n_kv_heads: 1,
-            head_dim: 8,
-            d_ffn: 8,
-            vocab_size: 16,
-            rope_theta: 1e4,
-            rms_eps: 1e-5,
-            context_length: 64,
-            tied_embeddings: true,
-        };
+        let cfg = ModelConfig::tiny();
         assert!(check_draft(&cfg, &cfg.clone()).is_ok());
         let other = ModelConfig { vocab_size: 17, ..cfg.clone() };
         let err = check_draft(&cfg, &other).unwrap_err();

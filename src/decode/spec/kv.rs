@@ -190,7 +190,7 @@ impl<M: DraftLm> DraftKv<M> {
 mod tests {
     use super::*;
     use crate::backend::Batch;
-    use crate::model::config::{Arch, ModelConfig};
+    use crate::model::config::ModelConfig;
     use crate::sampling::{Rng, SamplingParams};
     use futures::executor::block_on;
     use futures::future::{ready, LocalBoxFuture};
@@ -238,20 +238,7 @@ mod tests {
     }
 
     fn recorder() -> Recorder {
-        let config = ModelConfig {
-            arch: Arch::Llama,
-            n_layers: 1,
-            d_model: 8,
-            n_heads: 1,
-            n_kv_heads: 1,
-            head_dim: 8,
-            d_ffn: 8,
-            vocab_size: 16,
-            rope_theta: 1e4,
-            rms_eps: 1e-5,
-            context_length: 64,
-            tied_embeddings: true,
-        };
+        let config = ModelConfig::tiny();
         Recorder { config, len: 0, batches: Vec::new() }
     }
 
