@@ -179,38 +179,44 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
 
     let (d, f) = (o.d_model, o.d_ffn);
     for &dtype in &o.dtypes {
-        // The FFN down projection: its K (d_ffn) is a whole number of 256-value K-quant blocks
-        // where d_model need not be.
-        let host = random_weight(dtype, d, f, 1)?;
-        let w = b.load_weight(&host)?;
-        let copies = match o.working_set {
-            0 => Vec::new(),
-            n => (0..n.div_ceil(host.data.len()).max(2))
-                .map(|_| b.load_weight(&HostWeight::new(dtype, d, f, Bytes::from_vec(host.data.as_slice().to_vec()))?))
-                .collect::<Result<Vec<_>>>()?,
-        };
-        let placements = [(WeightsIn::Cache, std::slice::from_ref(&w)), (WeightsIn::Memory, &copies[..])];
-        for (weights, ws) in placements.into_iter().filter(|(_, ws)| !ws.is_empty()) {
-            let first = out.len();
-            for &m in &o.rows {
-                let x = b.upload(m, f, &rng.vec(m * f))?;
-                let bytes = host.data.len() + 4 * m * (d + f);
-                time!(format!("matmul {}", dtype.name()), format!("m={m} n={d} k={f}"), bytes, 2 * m * f * d, |i| {
-                    b.matmul(&x, &ws[i % ws.len()], None)?;
+        // The FFN down projection (K = d_ffn, a whole number of 256-value K-quant blocks where
+        // d_model need not be), whose batch of activations outgrows L1, and the up projection
+        // (K = d_model) where its K is whole blocks too.
+        for (i, (n, k)) in [(d, f), (f, d)].into_iter().enumerate() {
+            if i > 0 && k % dtype.block_size() != 0 {
+                continue;
+            }
+            let host = random_weight(dtype, n, k, 1)?;
+            let w = b.load_weight(&host)?;
+            let copies = match o.working_set {
+                0 => Vec::new(),
+                mb => (0..mb.div_ceil(host.data.len()).max(2))
+                    .map(|_| b.load_weight(&HostWeight::new(dtype, n, k, Bytes::from_vec(host.data.as_slice().to_vec()))?))
+                    .collect::<Result<Vec<_>>>()?,
+            };
+            let placements = [(WeightsIn::Cache, std::slice::from_ref(&w)), (WeightsIn::Memory, &copies[..])];
+            for (weights, ws) in placements.into_iter().filter(|(_, ws)| !ws.is_empty()) {
+                let first = out.len();
+                for &m in &o.rows {
+                    let x = b.upload(m, k, &rng.vec(m * k))?;
+                    let bytes = host.data.len() + 4 * m * (n + k);
+                    time!(format!("matmul {}", dtype.name()), format!("m={m} n={n} k={k}"), bytes, 2 * m * n * k, |i| {
+                        b.matmul(&x, &ws[i % ws.len()], None)?;
+                    });
+                }
+                let one_row = o.rows.iter().position(|&m| m == 1).map(|i| out[first + i].ms);
+                for r in &mut out[first..] {
+                    r.weights = Some(weights);
+                    r.vs_one_row = one_row.map(|ms| r.ms / ms);
+                }
+            }
+            if i == 0 && dtype == o.dtypes[0] {
+                let ids: Vec<u32> = (0..o.rows.iter().copied().max().unwrap_or(1) as u32).collect();
+                let bytes = ids.len() * (host.row_bytes() + 4 * f);
+                time!(format!("embed {}", dtype.name()), format!("m={} d={f}", ids.len()), bytes, 0, {
+                    b.embed(&w, &ids)?;
                 });
             }
-            let one_row = o.rows.iter().position(|&m| m == 1).map(|i| out[first + i].ms);
-            for r in &mut out[first..] {
-                r.weights = Some(weights);
-                r.vs_one_row = one_row.map(|ms| r.ms / ms);
-            }
-        }
-        if dtype == o.dtypes[0] {
-            let ids: Vec<u32> = (0..o.rows.iter().copied().max().unwrap_or(1) as u32).collect();
-            let bytes = ids.len() * (host.row_bytes() + 4 * f);
-            time!(format!("embed {}", dtype.name()), format!("m={} d={f}", ids.len()), bytes, 0, {
-                b.embed(&w, &ids)?;
-            });
         }
     }
 

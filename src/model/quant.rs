@@ -142,6 +142,23 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// All eight 6-bit scales and mins of a Q4_K/Q5_K block's packed 12-byte scales at once, as the
+/// bytes of two little-endian words: [`scale_min_k4`] for every sub-block in a few word operations,
+/// for the kernels that unpack them once per block.
+#[inline(always)]
+pub(crate) fn scales_mins_k4(q: &[u8; 12]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([q[i], q[i + 1], q[i + 2], q[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    // Sub-blocks 4..8 keep their low four bits in `c` and their top two in the spare bits of `a`
+    // (scales) and `b` (mins).
+    let top = |w: u32| ((w >> 6) & 0x0303_0303) << 4;
+    let scales = (a & LOW6) as u64 | (((c & LOW4) | top(a)) as u64) << 32;
+    let mins = (b & LOW6) as u64 | ((((c >> 4) & LOW4) | top(b)) as u64) << 32;
+    (scales, mins)
+}
+
 /// Dequantize `out.len()` values (a whole number of blocks) from `src`.
 pub fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) {
     let bs = dtype.block_size();
@@ -255,6 +272,22 @@ mod tests {
         }
         let err = "q3_k".parse::<DType>().unwrap_err().to_string();
         assert!(err.contains("unknown weight type 'q3_k'") && err.contains("q4_k"), "{err}");
+    }
+
+    #[test]
+    fn k4_scales_unpack_word_wise_as_byte_wise() {
+        let mut seed = 0x9E37_79B9u32;
+        for _ in 0..1000 {
+            let q: [u8; 12] = std::array::from_fn(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 24) as u8
+            });
+            let (scales, mins) = scales_mins_k4(&q);
+            for j in 0..8 {
+                let byte = |w: u64| (w >> (8 * j)) as u8;
+                assert_eq!((byte(scales), byte(mins)), scale_min_k4(j, &q), "sub-block {j} of {q:?}");
+            }
+        }
     }
 
     fn h(x: f32) -> [u8; 2] {

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use super::kernels::{self, Kernels, RowsFn, MAX_ROWS};
 use super::pool::{Pool, SharedMut};
-use super::quantize::{quantize_32, quantize_k};
+use super::quantize::{quantize_32, quantize_k, Order};
 use crate::model::quant::{DType, QK, QK_K};
 use crate::model::weights::Weight;
 
@@ -78,10 +78,11 @@ impl Isa {
         }
     }
 
-    /// The kernel of a family for a format, falling back to the portable one.
-    fn pick<A>(self, family: impl Fn(&Kernels) -> Option<RowsFn<A>>) -> RowsFn<A> {
-        family(self.kernels())
-            .or_else(|| family(&kernels::scalar::KERNELS))
+    /// The kernel of a family for a format, falling back to the portable one, and the set it is from.
+    fn pick<A>(self, family: impl Fn(&Kernels) -> Option<RowsFn<A>>) -> (RowsFn<A>, &'static Kernels) {
+        [self.kernels(), &kernels::scalar::KERNELS]
+            .into_iter()
+            .find_map(|set| family(set).map(|k| (k, set)))
             .expect("every format of a family has a portable kernel")
     }
 
@@ -112,38 +113,42 @@ pub fn matmul_with(pool: &Pool, path: KernelPath, precision: Precision, x: &[f32
         return;
     }
     let isa = Isa::of(path);
-    let dtype = w.dtype;
-    let floats = |dtype| isa.pick(|k| (k.float)(dtype));
+    let (dtype, simd) = (w.dtype, isa.avx2());
+    let floats = |dtype| isa.pick(|k| (k.float)(dtype)).0;
     let exact = precision == Precision::Exact;
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => run(pool, w, x, m, floats(dtype), false, out),
         _ if m > DEQUANTIZE_ABOVE => run(pool, w, x, m, floats(DType::F32), true, out),
         DType::Q4K | DType::Q5K | DType::Q6K if exact => {
-            integer(pool, isa, w, x, m, QK_K, quantize_k::<i16>, isa.pick(|k| (k.qk_16)(dtype)), out)
+            let (kernel, set) = isa.pick(|k| (k.qk_16)(dtype));
+            let order = set.qk_16_order;
+            integer(pool, w, x, m, QK_K, |x, q| quantize_k::<i16>(x, q, simd, order), kernel, out)
         }
         DType::Q4K | DType::Q5K | DType::Q6K => {
-            integer(pool, isa, w, x, m, QK_K, quantize_k::<i8>, isa.pick(|k| (k.qk)(dtype)), out)
+            let kernel = isa.pick(|k| (k.qk)(dtype)).0;
+            integer(pool, w, x, m, QK_K, |x, q| quantize_k::<i8>(x, q, simd, Order::Natural), kernel, out)
         }
-        _ if exact => integer(pool, isa, w, x, m, QK, quantize_32::<i16>, isa.pick(|k| (k.q32_16)(dtype)), out),
-        _ => integer(pool, isa, w, x, m, QK, quantize_32::<i8>, isa.pick(|k| (k.q32)(dtype)), out),
+        _ if exact => {
+            let kernel = isa.pick(|k| (k.q32_16)(dtype)).0;
+            integer(pool, w, x, m, QK, |x, q| quantize_32::<i16>(x, q, simd), kernel, out)
+        }
+        _ => integer(pool, w, x, m, QK, |x, q| quantize_32::<i8>(x, q, simd), isa.pick(|k| (k.q32)(dtype)).0, out),
     }
 }
 
 /// A quantized weight's matmul: the activations quantized by `quant` into blocks of `block`
 /// values, then dotted by `kernel`.
-#[allow(clippy::too_many_arguments)]
 fn integer<B: Default + Copy + Send + Sync>(
     pool: &Pool,
-    isa: Isa,
     w: &Weight,
     x: &[f32],
     m: usize,
     block: usize,
-    quant: fn(&[f32], &mut [B], bool),
+    quant: impl Fn(&[f32], &mut [B]) + Sync,
     kernel: RowsFn<B>,
     out: &mut [f32],
 ) {
-    let q = quantize(pool, x, m, w.cols / block, |x, q| quant(x, q, isa.avx2()));
+    let q = quantize(pool, x, m, w.cols / block, quant);
     run(pool, w, &q, m, kernel, false, out)
 }
 

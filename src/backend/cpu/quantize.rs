@@ -7,8 +7,8 @@
 //!   up to 0.5 through their activation outliers (measured on the golden cases): right for a draft.
 //!
 //! On x86-64 both cost the same two multiply-add instructions per 32 values and activation row
-//! (`maddubs` + `madd` at 8 bits, two `madd` at 16 bits); 16 bits only moves the widening of the
-//! weights to the block decode, which a batch shares.
+//! (`maddubs` + `madd` at 8 bits, two `madd` at 16 bits); 16 bits adds the widening of the weights
+//! to the block decode, which a batch shares.
 
 use crate::model::quant::{QK, QK_K};
 
@@ -54,8 +54,9 @@ pub struct Act32<T> {
     pub qs: [T; QK],
 }
 
-/// 256 activations, for the K-quants; `bsums[g]` is the sum of `qs[16 g..16 g + 16]` (an integer
+/// 256 activations, for the K-quants; `bsums[g]` is the sum of values `16 g..16 g + 16` (an integer
 /// that f32 holds exactly), which turns a K-quant's per-group offsets into one small dot per block.
+/// `qs` holds the values in the [`Order`] of the kernels that read them.
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub struct ActK<T> {
@@ -100,12 +101,31 @@ fn act32_portable<T: ActInt>(x: &[f32], out: &mut [Act32<T>]) {
     }
 }
 
+/// The order of the 32 values of each chunk of a K-quant activation block, as the kernels of an
+/// instruction set read them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Order {
+    Natural,
+    /// The 16 even-indexed values, then the 16 odd-indexed ones: the AVX2 kernels widen and scale
+    /// 32 weight bytes into 16-bit lanes by parity (one `maddubs` each), not by half.
+    EvenOdd,
+}
+
 #[inline(always)]
-fn actk_portable<T: ActInt>(x: &[f32], out: &mut [ActK<T>]) {
+fn actk_portable<T: ActInt>(x: &[f32], out: &mut [ActK<T>], order: Order) {
     for (x, b) in x.chunks_exact(QK_K).zip(out) {
         b.d = block(x, &mut b.qs);
         for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
             *s = sum(q);
+        }
+        if order == Order::EvenOdd {
+            for c in b.qs.chunks_exact_mut(QK) {
+                let v: [T; QK] = std::array::from_fn(|j| c[j]);
+                for j in 0..QK / 2 {
+                    c[j] = v[2 * j];
+                    c[QK / 2 + j] = v[2 * j + 1];
+                }
+            }
         }
     }
 }
@@ -121,8 +141,8 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn actk<T: ActInt>(x: &[f32], out: &mut [ActK<T>]) {
-        actk_portable(x, out)
+    pub(super) fn actk<T: ActInt>(x: &[f32], out: &mut [ActK<T>], order: Order) {
+        actk_portable(x, out, order)
     }
 }
 
@@ -138,14 +158,15 @@ pub(crate) fn quantize_32<T: ActInt>(x: &[f32], out: &mut [Act32<T>], simd: bool
     act32_portable(x, out)
 }
 
-/// `x` (a whole number of 256-value blocks) as [`ActK`] blocks; `simd` says AVX2 was detected.
-pub(crate) fn quantize_k<T: ActInt>(x: &[f32], out: &mut [ActK<T>], simd: bool) {
+/// `x` (a whole number of 256-value blocks) as [`ActK`] blocks with their values in `order`;
+/// `simd` says AVX2 was detected.
+pub(crate) fn quantize_k<T: ActInt>(x: &[f32], out: &mut [ActK<T>], simd: bool, order: Order) {
     debug_assert_eq!(out.len() * QK_K, x.len());
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: the caller detected AVX2, FMA and F16C.
-        return unsafe { avx2::actk(x, out) };
+        return unsafe { avx2::actk(x, out, order) };
     }
     let _ = simd;
-    actk_portable(x, out)
+    actk_portable(x, out, order)
 }

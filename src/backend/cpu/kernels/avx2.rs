@@ -1,8 +1,9 @@
 //! x86-64 kernels for AVX2 + FMA + F16C: weight values are decoded to 32 bytes in a register. With
 //! 8-bit activations they are multiplied with 32 activation bytes by `maddubs` (unsigned weights
 //! times signed activations, summed in pairs to i16), then widened by `madd` with the scale or
-//! with ones; with 16-bit activations they are widened to i16 and multiplied by their scale once
-//! per block, and each activation row costs two `madd`s.
+//! with ones; with 16-bit activations a K-quant's values are widened and scaled at once by two
+//! `maddubs` against their scale bytes (even positions, then odd ones, as the activations are laid
+//! out for them), and each activation row costs two `madd`s. Weights are prefetched ahead of use.
 
 // Kernels index several per-row arrays by the same row.
 #![allow(clippy::needless_range_loop)]
@@ -10,6 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::*;
+use crate::model::quant::scales_mins_k4;
 
 /// Both f16 halves of `bits` as f32.
 #[inline]
@@ -25,6 +27,20 @@ fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// How far ahead of the block being dotted the kernels ask for weights: at one activation row the
+/// decode is quick enough that the hardware prefetcher alone leaves the memory bus idle at times.
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Asks for the cache lines of the `len` bytes at `p` (which need not be valid memory) to be loaded.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch(p: *const u8, len: usize) {
+    for line in (0..len).step_by(64) {
+        // A prefetch never faults, whatever the address.
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8);
+    }
 }
 
 /// 32 unaligned bytes at `p`.
@@ -95,15 +111,63 @@ unsafe fn chunk_k<F: BlockK>(b: *const u8, t: usize) -> __m256i {
     }
 }
 
+/// The scales of a K-quant block as the kernels apply them: `w = d * sc * v - dc * c`.
+struct Scales {
+    d: f32,
+    dc: f32,
+    /// The scale bytes (signed), the same in both 128-bit halves: Q4_K's and Q5_K's 8 (one per 32
+    /// values) or Q6_K's 16 (one per 16), picked by [`scale_at`].
+    sc: __m256i,
+    /// The offset `c` of each 16 values, as f32: groups 0..8, then 8..16.
+    c: [__m256; 2],
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales<F: BlockK>(p: *const u8) -> Scales {
+    if F::SIX {
+        let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
+        let d = f16x2((p.add(208) as *const u16).read_unaligned() as u32).0;
+        let c = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        // Q6_K stores its values plus 32: the offset of each 16 is 32 times its scale.
+        return Scales { d, dc: 32.0 * d, sc: _mm256_broadcastsi128_si256(sc), c: [c(sc), c(_mm_srli_si128(sc, 8))] };
+    }
+    let (d, dc) = f16x2((p as *const u32).read_unaligned());
+    let (sc, m) = scales_mins_k4(&*(p.add(4) as *const [u8; 12]));
+    // A min covers 32 values: two groups of 16.
+    let m = _mm_shuffle_epi8(_mm_cvtsi64_si128(m as i64), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+    let c = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+    Scales { d, dc, sc: _mm256_set1_epi64x(sc as i64), c: [c(m), c(_mm_srli_si128(m, 8))] }
+}
+
+/// Which byte of [`Scales::sc`] scales half `h` (0 or 1) of the 32 values `32 t..32 t + 32`.
+#[inline(always)]
+fn scale_at<F: BlockK>(t: usize, h: usize) -> usize {
+    if F::SIX { 2 * t + h } else { t }
+}
+
+/// A byte shuffle of [`Scales::sc`] that puts scale byte `lo` (in the low 128 bits) or `hi` (in
+/// the high 128 bits) into the bytes of each 16-bit lane that `at` marks, and zero into the others.
+/// Called with constants, so it folds to a constant.
+#[inline(always)]
+fn spread(lo: usize, hi: usize, at: [bool; 2]) -> __m256i {
+    let bytes: [i8; 32] = std::array::from_fn(|j| match at[j % 2] {
+        true => (if j < 16 { lo } else { hi }) as i8,
+        false => i8::MIN,
+    });
+    // SAFETY: any 32 bytes are a valid __m256i.
+    unsafe { std::mem::transmute::<[i8; 32], __m256i>(bytes) }
+}
+
 /// How 32 weight values meet 32 activations of one integer type.
 trait Dot: ActInt {
     /// 32 weight values as the dot wants them.
     type W: Copy;
-    /// Whether weights are widened to 16 bits (and so may be signed, with any scale applied).
-    const WIDE: bool;
-    /// `v` holds 32 values as bytes, signed where `signed`; the first 16 take scale `sc.0` and the
-    /// last 16 `sc.1`, or none.
-    unsafe fn weights(v: __m256i, sc: Option<(i16, i16)>, signed: bool) -> Self::W;
+    /// The 32 values of a 32-value block, signed where `signed`, in order.
+    unsafe fn weights32(v: __m256i, signed: bool) -> Self::W;
+    /// 32 unsigned values of a K-quant block; the first 16 take scale byte `lo` of `sc`, the last
+    /// 16 byte `hi` (see [`Scales`]).
+    unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize) -> Self::W;
     /// Eight i32 partial sums of the 32 products with the activations at `q`.
     unsafe fn dot(w: Self::W, q: *const Self) -> __m256i;
 }
@@ -119,16 +183,23 @@ struct Bytes {
 
 impl Dot for i8 {
     type W = Bytes;
-    const WIDE: bool = false;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weights(v: __m256i, sc: Option<(i16, i16)>, signed: bool) -> Bytes {
-        let sc = sc.map_or(_mm256_set1_epi16(1), |(lo, hi)| _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)));
+    unsafe fn weights32(v: __m256i, signed: bool) -> Bytes {
+        let sc = _mm256_set1_epi16(1);
         match signed {
             true => Bytes { v: _mm256_sign_epi8(v, v), sign: Some(v), sc },
             false => Bytes { v, sign: None, sc },
         }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize) -> Bytes {
+        // The scale byte in the high byte of each 16-bit lane, shifted down with its sign.
+        let sc = _mm256_srai_epi16(_mm256_shuffle_epi8(sc, spread(lo, hi, [false, true])), 8);
+        Bytes { v, sign: None, sc }
     }
 
     #[inline]
@@ -140,22 +211,27 @@ impl Dot for i8 {
     }
 }
 
+/// 16-bit lanes for `madd` with 16-bit activations.
 impl Dot for i16 {
     type W = [__m256i; 2];
-    const WIDE: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weights(v: __m256i, sc: Option<(i16, i16)>, signed: bool) -> [__m256i; 2] {
+    unsafe fn weights32(v: __m256i, signed: bool) -> [__m256i; 2] {
         let (lo, hi) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let w = match signed {
+        match signed {
             true => [_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi)],
             false => [_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi)],
-        };
-        match sc {
-            Some((lo, hi)) => [_mm256_mullo_epi16(w[0], _mm256_set1_epi16(lo)), _mm256_mullo_epi16(w[1], _mm256_set1_epi16(hi))],
-            None => w,
         }
+    }
+
+    /// Widened and scaled at once by `maddubs` against the scale in every other byte: the values
+    /// at even positions, then those at odd positions ([`Order::EvenOdd`]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize) -> [__m256i; 2] {
+        let scaled = |at| _mm256_maddubs_epi16(v, _mm256_shuffle_epi8(sc, spread(lo, hi, at)));
+        [scaled([true, false]), scaled([false, true])]
     }
 
     #[inline]
@@ -175,9 +251,10 @@ unsafe fn q32_rows<F: Block32, T: Dot, const R: usize>(w: &[u8], x: &[Act32<T>],
     let mut mins = [0.0f32; R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * F::BYTES);
+        prefetch(p.wrapping_add(PREFETCH_AHEAD), F::BYTES);
         let (d, m) = f16x2(F::dm_bits(std::slice::from_raw_parts(p, 4)));
         let m = F::min(d, m);
-        let v = T::weights(values32::<F>(p), None, F::SIGNED);
+        let v = T::weights32(values32::<F>(p), F::SIGNED);
         for i in 0..R {
             let a = x.get_unchecked(i * nb + b);
             let dot = T::dot(v, a.qs.as_ptr());
@@ -192,45 +269,54 @@ unsafe fn q32_rows<F: Block32, T: Dot, const R: usize>(w: &[u8], x: &[Act32<T>],
     }
 }
 
+/// `$body` once for each of the 8 chunks of 32 values of a K-quant block, with `$t` the chunk as
+/// a literal.
+macro_rules! chunks {
+    ($t:ident => $body:block) => {
+        const _: () = assert!(QK_K / 32 == 8);
+        chunks!(@ $t $body 0 1 2 3 4 5 6 7)
+    };
+    (@ $t:ident $body:block $($n:literal)*) => {
+        $({
+            let $t: usize = $n;
+            $body
+        })*
+    };
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * nb);
-    // Widened Q6_K values can carry their offset of -32, which spares the correction below.
-    let signed = F::SIX && T::WIDE;
     // Each i32 lane gathers 4 products per chunk.
-    let span = chunks_per_sum(4, F::max_product(signed), T::MAX);
+    let span = chunks_per_sum(4, F::max_product(false), T::MAX);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * F::BYTES);
-        let s = F::scales(std::slice::from_raw_parts(p, F::BYTES));
-        let (d, dc) = f16x2(s.dc_bits);
-        for t0 in (0..QK_K / 32).step_by(span) {
-            let mut sums = [_mm256_setzero_si256(); R];
-            for t in t0..t0 + span {
-                let v = chunk_k::<F>(p, t);
-                let v = if signed { _mm256_sub_epi8(v, _mm256_set1_epi8(32)) } else { v };
-                let v = T::weights(v, Some((s.sc[2 * t], s.sc[2 * t + 1])), signed);
+        prefetch(p.wrapping_add(PREFETCH_AHEAD), F::BYTES);
+        let s = scales::<F>(p);
+        let mut sums = [_mm256_setzero_si256(); R];
+        // Unrolled, so that each chunk's shifts and scale shuffles are constants.
+        chunks!(t => {
+            let v = T::weights_k(chunk_k::<F>(p, t), s.sc, scale_at::<F>(t, 0), scale_at::<F>(t, 1));
+            for i in 0..R {
+                let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
+                sums[i] = _mm256_add_epi32(sums[i], T::dot(v, q));
+            }
+            if (t + 1) % span == 0 {
                 for i in 0..R {
-                    let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
-                    sums[i] = _mm256_add_epi32(sums[i], T::dot(v, q));
+                    let a = x.get_unchecked(i * nb + b);
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), _mm256_set1_ps(s.d * a.d), acc[i]);
+                    sums[i] = _mm256_setzero_si256();
                 }
             }
-            for i in 0..R {
-                let a = x.get_unchecked(i * nb + b);
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), _mm256_set1_ps(d * a.d), acc[i]);
-            }
-        }
-        if !signed {
-            let c = |h: usize| _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128(s.c.as_ptr().add(8 * h) as *const __m128i)));
-            let c = [c(0), c(1)];
-            for i in 0..R {
-                let a = x.get_unchecked(i * nb + b);
-                let bs = a.bsums.as_ptr();
-                let corr = _mm256_fmadd_ps(c[0], _mm256_loadu_ps(bs), _mm256_mul_ps(c[1], _mm256_loadu_ps(bs.add(8))));
-                acc[i] = _mm256_fnmadd_ps(corr, _mm256_set1_ps(dc * a.d), acc[i]);
-            }
+        });
+        for i in 0..R {
+            let a = x.get_unchecked(i * nb + b);
+            let bs = a.bsums.as_ptr();
+            let corr = _mm256_fmadd_ps(s.c[0], _mm256_loadu_ps(bs), _mm256_mul_ps(s.c[1], _mm256_loadu_ps(bs.add(8))));
+            acc[i] = _mm256_fnmadd_ps(corr, _mm256_set1_ps(s.dc * a.d), acc[i]);
         }
     }
     for i in 0..R {
@@ -298,7 +384,7 @@ unsafe fn float<F: Float>(w: &[u8], x: &[f32], rows: usize, out: &mut [f32]) {
     by_rows!(float_rows::<F>(w, x, rows, out))
 }
 
-pub(crate) const KERNELS: Kernels = kernels!(q32, qk, |d| select!(float: d, float));
+pub(crate) const KERNELS: Kernels = kernels!(q32, qk, Order::EvenOdd, |d| select!(float: d, float));
 
 /// Whether this CPU runs these kernels.
 pub(crate) fn detected() -> bool {

@@ -12,8 +12,8 @@
 //! instruction set and precision. A kernel reads every weight block once and applies it to all its
 //! activation rows while it sits in registers.
 
-use super::quantize::{Act32, ActInt, ActK};
-use crate::model::quant::{f16_at, scale_min_k4, DType, QK, QK_K};
+use super::quantize::{Act32, ActInt, ActK, Order};
+use crate::model::quant::{f16_at, scales_mins_k4, DType, QK, QK_K};
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -106,10 +106,10 @@ pub(crate) trait BlockK {
             let d = u16::from_le_bytes([b[208], b[209]]) as u32;
             KScales { dc_bits: d | d << 16, sc, c }
         } else {
-            for j in 0..8 {
-                let (s, m) = scale_min_k4(j, &b[4..16]);
-                sc[2 * j..2 * j + 2].fill(s as i16);
-                c[2 * j..2 * j + 2].fill(m as i16);
+            let (s, m) = scales_mins_k4(b[4..16].try_into().expect("a K-quant block holds 12 scale bytes"));
+            for g in 0..16 {
+                sc[g] = (s >> (8 * (g / 2))) as u8 as i16;
+                c[g] = (m >> (8 * (g / 2))) as u8 as i16;
             }
             KScales { dc_bits: u32::from_le_bytes([b[0], b[1], b[2], b[3]]), sc, c }
         }
@@ -266,17 +266,20 @@ pub(crate) struct Kernels {
     pub q32_16: fn(DType) -> Option<RowsFn<Act32<i16>>>,
     pub qk: fn(DType) -> Option<RowsFn<ActK<i8>>>,
     pub qk_16: fn(DType) -> Option<RowsFn<ActK<i16>>>,
+    /// The order `qk_16` reads each 32 activations in.
+    pub qk_16_order: Order,
     pub float: fn(DType) -> Option<RowsFn<f32>>,
 }
 
 /// An instruction set's kernels for every format, as [`Kernels`] wants them.
 macro_rules! kernels {
-    ($q32:ident, $qk:ident, $float:expr) => {
+    ($q32:ident, $qk:ident, $order:expr, $float:expr) => {
         Kernels {
             q32: |d| select!(q32<i8>: d, $q32),
             q32_16: |d| select!(q32<i16>: d, $q32),
             qk: |d| select!(qk<i8>: d, $qk),
             qk_16: |d| select!(qk<i16>: d, $qk),
+            qk_16_order: $order,
             float: $float,
         }
     };

@@ -68,4 +68,4 @@ fn float_row<F: Float>(w: &[u8], x: &[f32], out: &mut [f32]) {
     }
 }
 
-pub(crate) const KERNELS: Kernels = kernels!(q32, qk, |d| select!(float: d, float));
+pub(crate) const KERNELS: Kernels = kernels!(q32, qk, Order::Natural, |d| select!(float: d, float));

@@ -193,4 +193,4 @@ unsafe fn qk<F: BlockK, T: Load16>(w: &[u8], x: &[ActK<T>], rows: usize, out: &m
     by_rows!(qk_rows::<F, T>(w, x, rows, out))
 }
 
-pub(crate) const KERNELS: Kernels = kernels!(q32, qk, |_| None);
+pub(crate) const KERNELS: Kernels = kernels!(q32, qk, Order::Natural, |_| None);
