@@ -46,23 +46,26 @@ impl ActInt for i16 {
 }
 
 /// 32 activations, for the 32-value weight formats; `s = d * Σ q` serves the formats with an offset.
+/// The values come first and the blocks are 32-byte aligned, so that no 32-byte load of them
+/// straddles two cache lines (a kernel loads each block once per weight row).
 #[derive(Clone, Copy, Debug)]
-#[repr(C)]
+#[repr(C, align(32))]
 pub struct Act32<T> {
+    pub qs: [T; QK],
     pub d: f32,
     pub s: f32,
-    pub qs: [T; QK],
 }
 
 /// 256 activations, for the K-quants; `bsums[g]` is the sum of values `16 g..16 g + 16` (an integer
 /// that f32 holds exactly), which turns a K-quant's per-group offsets into one small dot per block.
 /// `qs` holds the values in the [`Order`] of the kernels that read them.
+/// Aligned as [`Act32`] is.
 #[derive(Clone, Copy, Debug)]
-#[repr(C)]
+#[repr(C, align(32))]
 pub struct ActK<T> {
+    pub qs: [T; QK_K],
     pub d: f32,
     pub bsums: [f32; QK_K / 16],
-    pub qs: [T; QK_K],
 }
 
 impl<T: ActInt> Default for Act32<T> {

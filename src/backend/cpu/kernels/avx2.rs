@@ -168,8 +168,21 @@ trait Dot: ActInt {
     /// 32 unsigned values of a K-quant block; the first 16 take scale byte `lo` of `sc`, the last
     /// 16 byte `hi` (see [`Scales`]).
     unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize) -> Self::W;
+    /// Partial sums of a run of chunks, kept apart until [`Dot::total`] where that saves adds.
+    type Acc: Copy;
+    const ZERO: Self::Acc;
+    /// How many products each i32 lane of an `Acc` gathers per chunk.
+    const PER_LANE: i32;
+    /// `acc` plus the 32 products with the activations at `q`.
+    unsafe fn dot_acc(w: Self::W, q: *const Self, acc: Self::Acc) -> Self::Acc;
+    /// Eight i32 partial sums of everything `acc` gathered.
+    unsafe fn total(acc: Self::Acc) -> __m256i;
+
     /// Eight i32 partial sums of the 32 products with the activations at `q`.
-    unsafe fn dot(w: Self::W, q: *const Self) -> __m256i;
+    #[inline(always)]
+    unsafe fn dot(w: Self::W, q: *const Self) -> __m256i {
+        Self::total(Self::dot_acc(w, q, Self::ZERO))
+    }
 }
 
 /// Bytes for `maddubs`, which multiplies unsigned by signed: a signed weight's sign moves onto
@@ -202,12 +215,22 @@ impl Dot for i8 {
         Bytes { v, sign: None, sc }
     }
 
+    type Acc = __m256i;
+    const ZERO: __m256i = unsafe { std::mem::transmute([0u8; 32]) };
+    const PER_LANE: i32 = 4;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot(w: Bytes, q: *const i8) -> __m256i {
+    unsafe fn dot_acc(w: Bytes, q: *const i8, acc: __m256i) -> __m256i {
         let q = load(q as *const u8);
         let q = w.sign.map_or(q, |s| _mm256_sign_epi8(q, s));
-        _mm256_madd_epi16(_mm256_maddubs_epi16(w.v, q), w.sc)
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w.v, q), w.sc))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn total(acc: __m256i) -> __m256i {
+        acc
     }
 }
 
@@ -234,11 +257,25 @@ impl Dot for i16 {
         [scaled([true, false]), scaled([false, true])]
     }
 
+    /// The products of even and of odd positions gather apart: two short chains of adds rather
+    /// than one through both `madd`s.
+    type Acc = [__m256i; 2];
+    const ZERO: [__m256i; 2] = unsafe { std::mem::transmute([0u8; 64]) };
+    const PER_LANE: i32 = 2;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot(w: [__m256i; 2], q: *const i16) -> __m256i {
-        let lo = _mm256_madd_epi16(w[0], load(q as *const u8));
-        _mm256_add_epi32(lo, _mm256_madd_epi16(w[1], load(q.add(16) as *const u8)))
+    unsafe fn dot_acc(w: [__m256i; 2], q: *const i16, acc: [__m256i; 2]) -> [__m256i; 2] {
+        [
+            _mm256_add_epi32(acc[0], _mm256_madd_epi16(w[0], load(q as *const u8))),
+            _mm256_add_epi32(acc[1], _mm256_madd_epi16(w[1], load(q.add(16) as *const u8))),
+        ]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn total(acc: [__m256i; 2]) -> __m256i {
+        _mm256_add_epi32(acc[0], acc[1])
     }
 }
 
@@ -289,26 +326,25 @@ macro_rules! chunks {
 unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * nb);
-    // Each i32 lane gathers 4 products per chunk.
-    let span = chunks_per_sum(4, F::max_product(false), T::MAX);
+    let span = chunks_per_sum(T::PER_LANE, F::max_product(false), T::MAX);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * F::BYTES);
         prefetch(p.wrapping_add(PREFETCH_AHEAD), F::BYTES);
         let s = scales::<F>(p);
-        let mut sums = [_mm256_setzero_si256(); R];
+        let mut sums = [T::ZERO; R];
         // Unrolled, so that each chunk's shifts and scale shuffles are constants.
         chunks!(t => {
             let v = T::weights_k(chunk_k::<F>(p, t), s.sc, scale_at::<F>(t, 0), scale_at::<F>(t, 1));
             for i in 0..R {
                 let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
-                sums[i] = _mm256_add_epi32(sums[i], T::dot(v, q));
+                sums[i] = T::dot_acc(v, q, sums[i]);
             }
             if (t + 1) % span == 0 {
                 for i in 0..R {
                     let a = x.get_unchecked(i * nb + b);
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), _mm256_set1_ps(s.d * a.d), acc[i]);
-                    sums[i] = _mm256_setzero_si256();
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T::total(sums[i])), _mm256_set1_ps(s.d * a.d), acc[i]);
+                    sums[i] = T::ZERO;
                 }
             }
         });
