@@ -131,17 +131,18 @@ fn single_thread_and_wide_rows() {
 }
 
 /// K-quant blocks whose every product is as large as the format allows (largest values and
-/// scales, or Q6_K's most negative value and scale), dotted with activations at full scale: the
-/// kernels' i32 partial sums are at their bound here, so an overflow would show.
+/// scales, or Q6_K's most negative scale with its smallest value, stored 0, or its largest,
+/// stored 63, which kernels that take Q6_K values unsigned multiply), dotted with activations at
+/// full scale: the kernels' i32 partial sums are at their bound here, so an overflow would show.
 #[test]
 fn extreme_k_blocks_do_not_overflow() {
     let pool = CpuPool::new(2).unwrap();
     let one = half::f16::from_f32(1.0).to_le_bytes();
     let blocks = 6;
-    for (dtype, fill, d_at) in [(DType::Q4K, 0xFFu8, 0), (DType::Q5K, 0xFF, 0), (DType::Q6K, 0x00, 208)] {
+    for (dtype, fill, d_at) in [(DType::Q4K, 0xFFu8, 0), (DType::Q5K, 0xFF, 0), (DType::Q6K, 0x00, 208), (DType::Q6K, 0xFF, 208)] {
         let mut block = vec![fill; dtype.block_bytes()];
         if dtype == DType::Q6K {
-            block[192..208].fill(0x80); // scales of -128 with values 0 - 32
+            block[192..208].fill(0x80); // scales of -128
         } else {
             block[2..4].copy_from_slice(&half::f16::from_f32(0.0).to_le_bytes()); // no offset
         }

@@ -171,16 +171,17 @@ trait Dot: ActInt {
     /// Partial sums of a run of chunks, kept apart until [`Dot::total`] where that saves adds.
     type Acc: Copy;
     const ZERO: Self::Acc;
-    /// How many products each i32 lane of an `Acc` gathers per chunk.
+    /// How many products each i32 lane of an `Acc` gathers per chunk (the parts of an `Acc` meet
+    /// only in f32).
     const PER_LANE: i32;
     /// `acc` plus the 32 products with the activations at `q`.
     unsafe fn dot_acc(w: Self::W, q: *const Self, acc: Self::Acc) -> Self::Acc;
-    /// Eight i32 partial sums of everything `acc` gathered.
-    unsafe fn total(acc: Self::Acc) -> __m256i;
+    /// Eight partial sums of everything `acc` gathered, in f32.
+    unsafe fn total(acc: Self::Acc) -> __m256;
 
-    /// Eight i32 partial sums of the 32 products with the activations at `q`.
+    /// Eight partial sums of the 32 products with the activations at `q`, in f32.
     #[inline(always)]
-    unsafe fn dot(w: Self::W, q: *const Self) -> __m256i {
+    unsafe fn dot(w: Self::W, q: *const Self) -> __m256 {
         Self::total(Self::dot_acc(w, q, Self::ZERO))
     }
 }
@@ -229,8 +230,8 @@ impl Dot for i8 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn total(acc: __m256i) -> __m256i {
-        acc
+    unsafe fn total(acc: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(acc)
     }
 }
 
@@ -257,8 +258,8 @@ impl Dot for i16 {
         [scaled([true, false]), scaled([false, true])]
     }
 
-    /// The products of even and of odd positions gather apart: two short chains of adds rather
-    /// than one through both `madd`s.
+    /// The products of even and of odd positions gather apart, up to f32: two short chains of
+    /// adds rather than one through both `madd`s, each of half the magnitude.
     type Acc = [__m256i; 2];
     const ZERO: [__m256i; 2] = unsafe { std::mem::transmute([0u8; 64]) };
     const PER_LANE: i32 = 2;
@@ -274,8 +275,8 @@ impl Dot for i16 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn total(acc: [__m256i; 2]) -> __m256i {
-        _mm256_add_epi32(acc[0], acc[1])
+    unsafe fn total(acc: [__m256i; 2]) -> __m256 {
+        _mm256_add_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_cvtepi32_ps(acc[1]))
     }
 }
 
@@ -294,8 +295,7 @@ unsafe fn q32_rows<F: Block32, T: Dot, const R: usize>(w: &[u8], x: &[Act32<T>],
         let v = T::weights32(values32::<F>(p), F::SIGNED);
         for i in 0..R {
             let a = x.get_unchecked(i * nb + b);
-            let dot = T::dot(v, a.qs.as_ptr());
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * a.d), acc[i]);
+            acc[i] = _mm256_fmadd_ps(T::dot(v, a.qs.as_ptr()), _mm256_set1_ps(d * a.d), acc[i]);
             if !F::SIGNED {
                 mins[i] += m * a.s;
             }
@@ -343,7 +343,7 @@ unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], ou
             if (t + 1) % span == 0 {
                 for i in 0..R {
                     let a = x.get_unchecked(i * nb + b);
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T::total(sums[i])), _mm256_set1_ps(s.d * a.d), acc[i]);
+                    acc[i] = _mm256_fmadd_ps(T::total(sums[i]), _mm256_set1_ps(s.d * a.d), acc[i]);
                     sums[i] = T::ZERO;
                 }
             }
