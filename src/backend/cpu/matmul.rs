@@ -214,10 +214,36 @@ fn run<A: Sync>(pool: &Pool, w: &Weight, x: &[A], m: usize, kernel: RowsFn<A>, d
     });
 }
 
+/// Whether the AVX2 kernels run here.
+#[cfg(target_arch = "x86_64")]
+fn avx2() -> bool {
+    Isa::of(KernelPath::Best).avx2()
+}
+
+/// `y += a * x` for two f32 slices of equal length.
+pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: AVX2, FMA and F16C were detected.
+        return unsafe { kernels::avx2::axpy(y, a, x) };
+    }
+    y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
+}
+
+/// `out = g / (1 + e^-g) * u` (SwiGLU's gating), elementwise over slices of equal length.
+pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: AVX2, FMA and F16C were detected.
+        return unsafe { kernels::avx2::silu_mul(g, u, out) };
+    }
+    out.iter_mut().zip(g.iter().zip(u)).for_each(|(o, (g, u))| *o = g / (1.0 + (-g).exp()) * u);
+}
+
 /// `dot(a, b)` of two f32 slices of equal length.
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if Isa::of(KernelPath::Best) == Isa::Avx2 {
+    if avx2() {
         // SAFETY: AVX2, FMA and F16C were detected.
         return unsafe { kernels::avx2::dot(a, b) };
     }

@@ -204,8 +204,7 @@ impl Backend for CpuBackend {
             // SAFETY: job (r, h) alone writes this head's hd outputs of row r.
             let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(r * q.cols + h * hd), hd) };
             for (&t, &p) in slots.iter().zip(&scores) {
-                let vrow = &vc[t * kv_dim + kvo..t * kv_dim + kvo + hd];
-                o.iter_mut().zip(vrow).for_each(|(o, v)| *o += p / sum * v);
+                matmul::axpy(o, p / sum, &vc[t * kv_dim + kvo..t * kv_dim + kvo + hd]);
             }
         });
         Ok(Tensor::new(q.rows, q.cols, out))
@@ -213,8 +212,19 @@ impl Backend for CpuBackend {
 
     fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         shape_check(gate.data.len() == up.data.len(), "swiglu")?;
-        let data = gate.data.iter().zip(&up.data).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-        Ok(Tensor::new(gate.rows, gate.cols, data))
+        // Chunks of whole 8-lane vectors, enough for the threads to share.
+        const CHUNK: usize = 4096;
+        let n = gate.data.len();
+        let mut out = vec![0.0; n];
+        let out_ptr = SharedMut(out.as_mut_ptr());
+        self.pool.for_each(n.div_ceil(CHUNK), |c| {
+            let out_ptr = out_ptr;
+            let span = c * CHUNK..((c + 1) * CHUNK).min(n);
+            // SAFETY: chunk c alone writes out[span], which lies within out's n elements.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(span.start), span.len()) };
+            matmul::silu_mul(&gate.data[span.clone()], &up.data[span], o);
+        });
+        Ok(Tensor::new(gate.rows, gate.cols, out))
     }
 
     fn add_assign(&self, x: &mut Tensor, y: &Tensor) -> Result<()> {

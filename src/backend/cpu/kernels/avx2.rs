@@ -405,6 +405,62 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     out[0]
 }
 
+/// `y += a * x` over the common length.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    let n = y.len().min(x.len());
+    let (y, x) = (&mut y[..n], &x[..n]);
+    let main = n / 8 * 8;
+    let av = _mm256_set1_ps(a);
+    for j in (0..main).step_by(8) {
+        // SAFETY: j + 8 <= n for both slices.
+        unsafe {
+            let yp = y.as_mut_ptr().add(j);
+            _mm256_storeu_ps(yp, _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(j)), _mm256_loadu_ps(yp)));
+        }
+    }
+    y[main..].iter_mut().zip(&x[main..]).for_each(|(y, x)| *y += a * x);
+}
+
+/// `e^x` for eight lanes, to within a few ulp of f32 for `x` in [-87, 88] (clamped there, which
+/// keeps `2^n` a normal number): `2^n * e^r` with `r = x - n ln 2` in [-0.35, 0.35], where a
+/// degree-7 Taylor polynomial is off by under 1e-8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0)), _mm256_set1_ps(88.0));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)));
+    // ln 2 in two parts, so that n * ln 2 is subtracted without rounding away r's low bits.
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm256_set1_ps(1.0 / 5040.0);
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let two_n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127))));
+    _mm256_mul_ps(p, two_n)
+}
+
+/// `out = silu(g) * u = g / (1 + e^-g) * u` over the common length.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+    let n = out.len().min(g.len()).min(u.len());
+    let main = n / 8 * 8;
+    let one = _mm256_set1_ps(1.0);
+    for j in (0..main).step_by(8) {
+        // SAFETY: j + 8 <= n for all three slices.
+        unsafe {
+            let gv = _mm256_loadu_ps(g.as_ptr().add(j));
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            let s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(out.as_mut_ptr().add(j), _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(j))));
+        }
+    }
+    for j in main..n {
+        out[j] = g[j] / (1.0 + (-g[j]).exp()) * u[j];
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q32<F: Block32, T: Dot>(w: &[u8], x: &[Act32<T>], rows: usize, out: &mut [f32]) {
     by_rows!(q32_rows::<F, T>(w, x, rows, out))
