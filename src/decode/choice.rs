@@ -76,7 +76,10 @@ async fn time_forward(lm: &mut dyn Lm, n: usize, reps: usize) -> Result<f64> {
 impl Costs {
     /// Time `target` (and `draft`, if a model drafts) after a short prefill; both are left empty.
     pub async fn measure(target: &mut dyn Lm, draft: Option<&mut dyn Lm>, parallel: bool) -> Result<Costs> {
-        const CONTEXT: usize = 32;
+        // A few cached tokens, so that attention has some to read: the matmuls, which read every
+        // weight whatever the context, dominate a short generation's steps, and a longer prefill
+        // here would cost more load time than it tells.
+        const CONTEXT: usize = 8;
         target.truncate(0);
         let context = probe(target.config().vocab_size, CONTEXT);
         append(target, &context, Want::AllArgmax).await?;
