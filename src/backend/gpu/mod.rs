@@ -165,7 +165,11 @@ impl Backend for GpuBackend {
     type Cache = Cache;
 
     fn name(&self) -> String {
-        format!("gpu ({}, {:?})", self.info.name, self.info.backend)
+        // Browsers may withhold the adapter's name.
+        match self.info.name.as_str() {
+            "" => format!("gpu ({:?})", self.info.backend),
+            name => format!("gpu ({name}, {:?})", self.info.backend),
+        }
     }
 
     fn load_weight(&self, w: &HostWeight) -> Result<Weight> {
