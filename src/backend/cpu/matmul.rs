@@ -138,6 +138,7 @@ pub fn matmul_with(pool: &Pool, path: KernelPath, precision: Precision, x: &[f32
 
 /// A quantized weight's matmul: the activations quantized by `quant` into blocks of `block`
 /// values, then dotted by `kernel`.
+#[allow(clippy::too_many_arguments)]
 fn integer<B: Default + Copy + Send + Sync>(
     pool: &Pool,
     w: &Weight,

@@ -340,7 +340,7 @@ unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], ou
                 let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
                 sums[i] = T::dot_acc(v, q, sums[i]);
             }
-            if (t + 1) % span == 0 {
+            if (t + 1).is_multiple_of(span) {
                 for i in 0..R {
                     let a = x.get_unchecked(i * nb + b);
                     acc[i] = _mm256_fmadd_ps(T::total(sums[i]), _mm256_set1_ps(s.d * a.d), acc[i]);
