@@ -223,22 +223,27 @@ fn avx2() -> bool {
 
 /// `y += a * x` for two f32 slices of equal length.
 pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    #[allow(unused_mut)]
+    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if avx2() {
         // SAFETY: AVX2, FMA and F16C were detected.
-        return unsafe { kernels::avx2::axpy(y, a, x) };
+        done = unsafe { kernels::avx2::axpy(y, a, x) };
     }
-    y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
+    y[done..].iter_mut().zip(&x[done..]).for_each(|(y, x)| *y += a * x);
 }
 
 /// `out = g / (1 + e^-g) * u` (SwiGLU's gating), elementwise over slices of equal length.
 pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+    #[allow(unused_mut)]
+    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if avx2() {
         // SAFETY: AVX2, FMA and F16C were detected.
-        return unsafe { kernels::avx2::silu_mul(g, u, out) };
+        done = unsafe { kernels::avx2::silu_mul(g, u, out) };
     }
-    out.iter_mut().zip(g.iter().zip(u)).for_each(|(o, (g, u))| *o = g / (1.0 + (-g).exp()) * u);
+    let rest = out[done..].iter_mut().zip(g[done..].iter().zip(&u[done..]));
+    rest.for_each(|(o, (g, u))| *o = g / (1.0 + (-g).exp()) * u);
 }
 
 /// `dot(a, b)` of two f32 slices of equal length.

@@ -405,21 +405,20 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     out[0]
 }
 
-/// `y += a * x` over the common length.
+/// `y += a * x` over the common length's whole 8-lane vectors; returns how many values that was,
+/// leaving the rest to the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    let n = y.len().min(x.len());
-    let (y, x) = (&mut y[..n], &x[..n]);
-    let main = n / 8 * 8;
+pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) -> usize {
+    let main = y.len().min(x.len()) / 8 * 8;
     let av = _mm256_set1_ps(a);
     for j in (0..main).step_by(8) {
-        // SAFETY: j + 8 <= n for both slices.
+        // SAFETY: j + 8 <= main, within both slices.
         unsafe {
             let yp = y.as_mut_ptr().add(j);
             _mm256_storeu_ps(yp, _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(j)), _mm256_loadu_ps(yp)));
         }
     }
-    y[main..].iter_mut().zip(&x[main..]).for_each(|(y, x)| *y += a * x);
+    main
 }
 
 /// `e^x` for eight lanes, to within a few ulp of f32 for `x` in [-87, 88] (clamped there, which
@@ -441,14 +440,14 @@ fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(p, two_n)
 }
 
-/// `out = silu(g) * u = g / (1 + e^-g) * u` over the common length.
+/// `out = silu(g) * u = g / (1 + e^-g) * u` over the common length's whole 8-lane vectors;
+/// returns how many values that was, leaving the rest to the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
-    let n = out.len().min(g.len()).min(u.len());
-    let main = n / 8 * 8;
+pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) -> usize {
+    let main = out.len().min(g.len()).min(u.len()) / 8 * 8;
     let one = _mm256_set1_ps(1.0);
     for j in (0..main).step_by(8) {
-        // SAFETY: j + 8 <= n for all three slices.
+        // SAFETY: j + 8 <= main, within all three slices.
         unsafe {
             let gv = _mm256_loadu_ps(g.as_ptr().add(j));
             let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
@@ -456,9 +455,7 @@ pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
             _mm256_storeu_ps(out.as_mut_ptr().add(j), _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(j))));
         }
     }
-    for j in main..n {
-        out[j] = g[j] / (1.0 + (-g[j]).exp()) * u[j];
-    }
+    main
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
