@@ -164,6 +164,18 @@ pub fn argmax(logits: &[f32]) -> u32 {
     0
 }
 
+/// The greedy token and its probability under softmax(logits): how sure a model is of its pick.
+/// NaN logits weigh nothing; an infinite top logit counts as certain; an empty slice gives (0, 0).
+pub fn argmax_prob(logits: &[f32]) -> (u32, f32) {
+    let t = argmax(logits);
+    let max = max_value(logits);
+    if logits.is_empty() || !max.is_finite() {
+        return (t, if max == f32::INFINITY { 1.0 } else { 0.0 });
+    }
+    let total: f32 = logits.iter().map(|&l| if l.is_nan() { 0.0 } else { exp_nonpos(l - max) }).sum();
+    (t, 1.0 / total)
+}
+
 /// The distribution sampling actually draws from: softmax(logits / T) restricted to the top-k
 /// logits, then to the top-p nucleus of what remains (the smallest set of highest-probability
 /// tokens whose mass is >= top_p, ties at the boundary going to the lower index), renormalised.
@@ -606,6 +618,16 @@ mod tests {
         assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 1);
         assert_eq!(argmax(&[-5.0, f32::NAN, -1.0]), 2);
         assert_eq!(argmax(&[]), 0);
+    }
+
+    #[test]
+    fn argmax_prob_is_the_softmax_of_the_pick() {
+        let (t, p) = argmax_prob(&[0.0, 2.0_f32.ln(), f32::NAN, 0.0]);
+        assert_eq!(t, 1);
+        assert!((p - 0.5).abs() < 1e-6, "{p}");
+        assert_eq!(argmax_prob(&[3.0]), (0, 1.0));
+        assert_eq!(argmax_prob(&[1.0, f32::INFINITY]), (1, 1.0));
+        assert_eq!(argmax_prob(&[]), (0, 0.0));
     }
 
     #[test]

@@ -110,6 +110,8 @@ fn assert_greedy_lossless(
         let want = ar(&mut t, &req).tokens;
         let got = sd(&mut t, &mut d, &req, &spec(sd_k, "uniform:1", 1.0, Backup::Jit)).tokens;
         assert_eq!(got, want, "prompt {i}: SD with K={sd_k}");
+        let unsure = SpecConfig { confidence: 0.6, ..spec(sd_k + 2, "uniform:1", 1.0, Backup::Jit) };
+        assert_eq!(sd(&mut t, &mut d, &req, &unsure).tokens, want, "prompt {i}: SD stopping below confidence 0.6");
         for s in (i..ssd_runs).step_by(prompts.len()).map(|j| &ssd_specs[j % ssd_specs.len()]) {
             let got = ssd(&mut t, &mut worker, &req, s);
             assert_eq!(got.tokens, want, "prompt {i}: SSD {s:?}");
@@ -464,6 +466,9 @@ fn sampling_sd_is_lossless() {
         &sd_counts(params, &spec(3, "uniform:1", 1.0, Backup::Jit), SAMPLES),
         exact(params),
     );
+    // Stopping where the draft is unsure (the token drawn there dropped) must not bias either.
+    let unsure = SpecConfig { confidence: 0.6, ..spec(K, "uniform:1", 1.0, Backup::Jit) };
+    assert_unbiased("sd, confidence stop", &sd_counts(top4_sampling(), &unsure, SAMPLES), exact(top4_sampling()));
 }
 
 #[test]

@@ -13,11 +13,13 @@ use crate::sampling::{Rng, SamplingParams};
 /// A draft model drafting autoregressively for SD.
 pub struct ModelDrafter<'a> {
     kv: DraftKv<&'a mut dyn Lm>,
+    /// See [`SpecConfig::confidence`](super::SpecConfig::confidence).
+    confidence: f32,
 }
 
 impl<'a> ModelDrafter<'a> {
-    pub fn new(lm: &'a mut dyn Lm) -> Self {
-        ModelDrafter { kv: DraftKv::new(lm) }
+    pub fn new(lm: &'a mut dyn Lm, confidence: f32) -> Self {
+        ModelDrafter { kv: DraftKv::new(lm), confidence }
     }
 }
 
@@ -39,7 +41,7 @@ impl Drafter for ModelDrafter<'_> {
     ) -> LocalBoxFuture<'a, Result<Proposal>> {
         Box::pin(async move {
             let mut drafting = Drafting { params, rng, saguaro: None };
-            self.kv.draft(rec, n, &mut drafting).await
+            self.kv.draft(rec, n, self.confidence, &mut drafting).await
         })
     }
 

@@ -11,7 +11,7 @@ use web_time::Instant;
 
 use saguaro::backend::cpu::Precision;
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
-use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig};
+use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE};
 use saguaro::engine::{Device, Engine, EngineOptions, DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT};
 use saguaro::model::quant::DType;
 use saguaro::model::slim::check_quant;
@@ -159,6 +159,12 @@ pub struct EngineArgs {
     /// candidates so rejections land on cached bonus tokens more often. 1 = off.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub saguaro_c: f32,
+    /// SD with a draft model: stop a round's drafting at a position where the draft's likeliest
+    /// token has less than this probability (0 = always draft K). What it drew there would likely
+    /// be rejected; stopping saves its verification and the draft steps after it. The output is
+    /// the target's either way.
+    #[arg(long, default_value_t = DEFAULT_CONFIDENCE, allow_negative_numbers = true)]
+    pub draft_confidence: f32,
     /// SSD on a cache miss: jit (draft K tokens now) or fast (verify the bonus token alone).
     #[arg(long, default_value = "jit")]
     pub backup: Backup,
@@ -212,7 +218,10 @@ fn load(path: &Path, role: &str) -> Result<ModelFile> {
 
 impl EngineArgs {
     pub fn spec(&self) -> SpecConfig {
-        SpecConfig::new(self.spec_k.unwrap_or(4), self.fanout.clone(), self.saguaro_c, self.backup)
+        SpecConfig {
+            confidence: self.draft_confidence,
+            ..SpecConfig::new(self.spec_k.unwrap_or(4), self.fanout.clone(), self.saguaro_c, self.backup)
+        }
     }
 
     /// The K a generation must use: the one given, else none (the engine's, or its choice).

@@ -11,6 +11,9 @@ use crate::model::config::ModelConfig;
 /// Candidates per position when a fan-out strategy is not told its budget.
 pub const DEFAULT_WIDTH: usize = 3;
 
+/// SD's draft model stops a round before a token it gives less probability than this.
+pub const DEFAULT_CONFIDENCE: f32 = 0.0;
+
 /// The decoding strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -174,6 +177,11 @@ pub struct SpecConfig {
     pub saguaro_c: f32,
     /// SSD: what to do on a cache miss.
     pub backup: Backup,
+    /// SD with a draft model: a round's drafting stops at a position where the draft's likeliest
+    /// token has less than this probability, so K is a maximum (0 = always K). What it drew there
+    /// would likely be rejected, its verification and the draft steps after it spent for
+    /// nothing. Output is unchanged: the target verifies whatever is proposed.
+    pub confidence: f32,
     #[doc(hidden)]
     pub fault: Option<Fault>,
 }
@@ -186,7 +194,7 @@ impl Default for SpecConfig {
 
 impl SpecConfig {
     pub fn new(k: usize, fanout: Fanout, saguaro_c: f32, backup: Backup) -> Self {
-        SpecConfig { k, fanout, saguaro_c, backup, fault: None }
+        SpecConfig { k, fanout, saguaro_c, backup, confidence: DEFAULT_CONFIDENCE, fault: None }
     }
 
     /// KV slots the draft needs beyond prompt + output for SSD's glue pass and tree: size the
@@ -202,6 +210,10 @@ impl SpecConfig {
         let c = self.saguaro_c;
         if !(0.0..=1.0).contains(&c) {
             return Err(Error::option("saguaro_c", format!("must be in [0, 1] (1 disables it), got {c}")));
+        }
+        let p = self.confidence;
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::option("draft_confidence", format!("must be in [0, 1) (0 disables it), got {p}")));
         }
         self.fanout.validate()
     }
@@ -243,6 +255,9 @@ mod tests {
         assert!(bad(|c| c.k = 0));
         assert!(bad(|c| c.saguaro_c = 1.5));
         assert!(bad(|c| c.saguaro_c = f32::NAN));
+        assert!(bad(|c| c.confidence = 1.0));
+        assert!(bad(|c| c.confidence = -0.1));
+        assert!(bad(|c| c.confidence = f32::NAN));
         assert!(bad(|c| c.fanout = Fanout::Uniform(0)));
     }
 

@@ -9,8 +9,9 @@
 //! - Scratch. Whatever a round writes lies past the prefix and commits nothing by itself. A run
 //!   writes causally from slot `prefix` on: the unfed tokens, `rec`, then draft tokens. SD's
 //!   drafting and SSD's backup feed each drafted token to draw the next, so their last one is
-//!   never written; SSD's glue pass writes a whole proposal at once, and its tree fills the slots
-//!   after the glue pass ([`Tree`] lays them out). A new run replaces an unresolved one, and
+//!   never written (unless a confidence stop dropped the token drawn after it); SSD's glue pass
+//!   writes a whole proposal at once, and its tree fills the slots after the glue pass ([`Tree`]
+//!   lays them out). A new run replaces an unresolved one, and
 //!   [`DraftKv::discard`] forgets one: stale slots are simply overwritten later.
 //! - Resolution. When the target's outcome (k, t*) arrives, the run's leading tokens that the
 //!   target committed (the fed ones and s1..sk, as far as the run wrote them) join the prefix and
@@ -29,6 +30,7 @@ use super::tree::Tree;
 use crate::error::{Error, Result};
 use crate::model::runner::{append, Lm, Output, Want};
 use crate::runtime::Span;
+use crate::sampling;
 
 /// A draft model however it is held: borrowed by SD, owned by SSD's worker (and `Send` when the
 /// worker is a thread).
@@ -106,19 +108,32 @@ impl<M: DraftLm> DraftKv<M> {
         Ok(())
     }
 
-    /// Draft `n` tokens after `rec` autoregressively: the run feeds the unfed tokens and `rec`,
-    /// then each drafted token but the last, to draw the next.
-    pub async fn draft(&mut self, rec: u32, n: usize, drafting: &mut Drafting<'_>) -> Result<Proposal> {
+    /// Draft up to `n` tokens after `rec` autoregressively: the run feeds the unfed tokens and
+    /// `rec`, then each drafted token but the last, to draw the next. Drafting stops at a
+    /// position where the draft's likeliest token has less than `confidence` probability (0
+    /// drafts all `n`): the target would likely reject what it drew there, and that token's
+    /// verification and the steps after it would be spent for nothing. The stop looks at the
+    /// distribution, never at the token drawn from it: a proposed token must be distributed as
+    /// the q that verification is given, which a stop depending on the draw would skew.
+    pub async fn draft(&mut self, rec: u32, n: usize, confidence: f32, drafting: &mut Drafting<'_>) -> Result<Proposal> {
         self.open(rec, &[]);
         let mut p = Proposal { tokens: Vec::with_capacity(n), q: Vec::new() };
         for j in 0..n {
-            let t = if drafting.params.is_greedy() {
-                *self.feed(Want::AllArgmax).await?.argmax().last().expect("a non-empty input")
+            let greedy = drafting.params.is_greedy();
+            let (t, prob) = if greedy && confidence <= 0.0 {
+                (*self.feed(Want::AllArgmax).await?.argmax().last().expect("a non-empty input"), 1.0)
+            } else if greedy {
+                sampling::argmax_prob(&self.feed(Want::LastLogits).await?.logits())
             } else {
                 let (t, q) = drafting.draw(j, &self.feed(Want::LastLogits).await?.logits());
+                let top = q.iter().copied().fold(0.0, f32::max);
                 p.q.push(q);
-                t
+                (t, top)
             };
+            if prob < confidence {
+                p.q.truncate(j);
+                break;
+            }
             p.tokens.push(t);
             self.run.line.push(t);
         }
@@ -246,7 +261,7 @@ mod tests {
         let params = SamplingParams::default();
         let mut rng = Rng::new(0);
         let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None };
-        block_on(kv.draft(rec, n, &mut drafting)).unwrap().tokens
+        block_on(kv.draft(rec, n, 0.0, &mut drafting)).unwrap().tokens
     }
 
     #[test]

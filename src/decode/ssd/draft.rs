@@ -292,7 +292,7 @@ impl<M: DraftLm> Speculator<M> {
                 let widths = s.policy.widths(depth);
                 let mut drafting =
                     Drafting { params: &s.params, rng: &mut s.rng, saguaro: Some((s.spec.saguaro_c, &widths)) };
-                let (p, span) = timed(self.kv.draft(rec, depth, &mut drafting)).await?;
+                let (p, span) = timed(self.kv.draft(rec, depth, 0.0, &mut drafting)).await?;
                 // This round's glue pass rewrites these slots.
                 self.kv.discard();
                 (p, Some(span))
