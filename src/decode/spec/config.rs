@@ -11,7 +11,7 @@ use crate::model::config::ModelConfig;
 /// Candidates per position when a fan-out strategy is not told its budget.
 pub const DEFAULT_WIDTH: usize = 3;
 
-/// SD's draft model stops a round before a token it gives less probability than this.
+/// Off: SD's draft model drafts all K tokens of every round (see [`SpecConfig::confidence`]).
 pub const DEFAULT_CONFIDENCE: f32 = 0.0;
 
 /// The decoding strategy.

@@ -11,8 +11,8 @@
 //!   drafting and SSD's backup feed each drafted token to draw the next, so their last one is
 //!   never written (unless a confidence stop dropped the token drawn after it); SSD's glue pass
 //!   writes a whole proposal at once, and its tree fills the slots after the glue pass ([`Tree`]
-//!   lays them out). A new run replaces an unresolved one, and
-//!   [`DraftKv::discard`] forgets one: stale slots are simply overwritten later.
+//!   lays them out). A new run replaces an unresolved one, and [`DraftKv::discard`] forgets one:
+//!   stale slots are simply overwritten later.
 //! - Resolution. When the target's outcome (k, t*) arrives, the run's leading tokens that the
 //!   target committed (the fed ones and s1..sk, as far as the run wrote them) join the prefix and
 //!   the rest of the scratch is forgotten. Committed tokens the run did not write stay unfed; t*
