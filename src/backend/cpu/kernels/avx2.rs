@@ -176,6 +176,11 @@ trait Dot: ActInt {
     const PER_LANE: i32;
     /// `acc` plus the 32 products with the activations at `q`.
     unsafe fn dot_acc(w: Self::W, q: *const Self, acc: Self::Acc) -> Self::Acc;
+    /// How many i32 parts an `Acc` has.
+    const PARTS: i32;
+    /// Like [`Dot::dot_acc`], with every product gathered in the first part and the others left
+    /// as they are: fewer registers per row, each lane gathering `PARTS` times as many products.
+    unsafe fn dot_acc_one(w: Self::W, q: *const Self, acc: Self::Acc) -> Self::Acc;
     /// Eight partial sums of everything `acc` gathered, in f32.
     unsafe fn total(acc: Self::Acc) -> __m256;
 
@@ -228,6 +233,14 @@ impl Dot for i8 {
         _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w.v, q), w.sc))
     }
 
+    const PARTS: i32 = 1;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_acc_one(w: Bytes, q: *const i8, acc: __m256i) -> __m256i {
+        Self::dot_acc(w, q, acc)
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn total(acc: __m256i) -> __m256 {
@@ -271,6 +284,16 @@ impl Dot for i16 {
             _mm256_add_epi32(acc[0], _mm256_madd_epi16(w[0], load(q as *const u8))),
             _mm256_add_epi32(acc[1], _mm256_madd_epi16(w[1], load(q.add(16) as *const u8))),
         ]
+    }
+
+    const PARTS: i32 = 2;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_acc_one(w: [__m256i; 2], q: *const i16, acc: [__m256i; 2]) -> [__m256i; 2] {
+        let even = _mm256_madd_epi16(w[0], load(q as *const u8));
+        let odd = _mm256_madd_epi16(w[1], load(q.add(16) as *const u8));
+        [_mm256_add_epi32(acc[0], _mm256_add_epi32(even, odd)), acc[1]]
     }
 
     #[inline]
@@ -326,7 +349,11 @@ macro_rules! chunks {
 unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * nb);
-    let span = chunks_per_sum(T::PER_LANE, F::max_product(false), T::MAX);
+    // One sum per row where it lasts a whole block without overflowing (Q4_K, Q5_K): with five
+    // rows, the parts' registers are what pushes the weights out to the stack. Q6_K's larger
+    // products would need its one sum flushed four times per block, which costs more.
+    let one_part = chunks_per_sum(T::PER_LANE * T::PARTS, F::max_product(false), T::MAX) == QK_K / 32;
+    let span = chunks_per_sum(if one_part { T::PER_LANE * T::PARTS } else { T::PER_LANE }, F::max_product(false), T::MAX);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * F::BYTES);
@@ -338,7 +365,7 @@ unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], ou
             let v = T::weights_k(chunk_k::<F>(p, t), s.sc, scale_at::<F>(t, 0), scale_at::<F>(t, 1));
             for i in 0..R {
                 let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
-                sums[i] = T::dot_acc(v, q, sums[i]);
+                sums[i] = if one_part { T::dot_acc_one(v, q, sums[i]) } else { T::dot_acc(v, q, sums[i]) };
             }
             if (t + 1).is_multiple_of(span) {
                 for i in 0..R {
