@@ -1,5 +1,6 @@
 //! A cheaper draft: a pruned output head scores only its kept tokens, exactly as the full head
-//! scores them, and every other token gets -inf; the kept set and the options are checked.
+//! scores them, and every other token gets -inf; rows padded with zeros to whole Q4_K blocks
+//! multiply as the unpadded rows do; the kept set and the options are checked.
 
 mod common;
 mod util;
@@ -11,7 +12,10 @@ use saguaro::model::quant::DType;
 use saguaro::model::runner::{append, Want};
 use saguaro::model::slim::{frequent_tokens, Slimming};
 use saguaro::model::transformer::Transformer;
-use saguaro::backend::cpu::CpuBackend;
+use saguaro::backend::cpu::{CpuBackend, Precision, Tensor};
+use saguaro::backend::Backend;
+use saguaro::model::quantize::quantize;
+use saguaro::model::weights::{Bytes, Weight};
 use saguaro::Error;
 
 use common::{runner, tiny_weights};
@@ -22,7 +26,7 @@ const VOCAB: usize = 40;
 fn a_pruned_head_scores_its_tokens_as_the_full_head_does() {
     let w = tiny_weights(5, VOCAB, 2, 1.0);
     let kept = vec![0u32, 3, 7, 20, 39];
-    let pruned = Slimming { quant: None, head: Some(kept.clone()) }.apply(&w).unwrap();
+    let pruned = Slimming { head: Some(kept.clone()), ..Slimming::default() }.apply(&w).unwrap();
     let prompt = [1u32, 4, 9, 16, 25];
     let mut full = runner(&w, 64);
     let mut cut = runner(&pruned, 64);
@@ -54,9 +58,9 @@ fn a_head_that_does_not_match_its_tokens_is_refused() {
     w.head_tokens = Some(vec![0, 1, 2]);
     let err = Transformer::new(CpuBackend::new(1).unwrap(), &w).err().unwrap().to_string();
     assert!(err.contains("output head has 40 rows"), "{err}");
-    let bad = Slimming { quant: None, head: Some(vec![3, 1]) }.apply(&w);
+    let bad = Slimming { head: Some(vec![3, 1]), ..Slimming::default() }.apply(&w);
     assert!(matches!(bad, Err(Error::InvalidOption { option: "draft_head", .. })), "{bad:?}");
-    let bad = Slimming { quant: Some(DType::Q6K), head: None }.apply(&w);
+    let bad = Slimming { quant: Some(DType::Q6K), ..Slimming::default() }.apply(&w);
     assert!(matches!(bad, Err(Error::InvalidOption { option: "draft_quant", .. })), "{bad:?}");
 }
 
@@ -81,4 +85,44 @@ fn the_kept_tokens_are_the_lowest_ids_and_the_special_ones() {
     assert!(im_end > 150_000 && kept.contains(&im_end), "Qwen's end of turn, {im_end}, is kept");
     assert!(kept.len() < 1100, "{} tokens", kept.len());
     assert_eq!(frequent_tokens(&m.tokenizer, usize::MAX, vocab).len(), vocab, "all tokens at most");
+}
+
+/// A Q4_K matrix whose rows of 896 values were padded with zeros to 1,024 (as `Slimming::pad_rows`
+/// makes them) multiplies 896-value inputs on the CPU backend as the same values unpadded do, at
+/// both precisions and for a single row and a batch.
+#[test]
+fn rows_padded_to_whole_blocks_multiply_as_the_unpadded_rows() {
+    let (n, k, wide) = (7, 896, 1024);
+    let value = |i: usize| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 0.2;
+    let mut padded = vec![0.0f32; n * wide];
+    for (r, row) in padded.chunks_exact_mut(wide).enumerate() {
+        row[..k].iter_mut().enumerate().for_each(|(j, v)| *v = value(r * k + j));
+    }
+    let mut bytes = vec![0u8; DType::Q4K.bytes_for(n * wide).unwrap()];
+    quantize(DType::Q4K, &padded, &mut bytes).unwrap();
+    let w = Weight::new(DType::Q4K, n, wide, Bytes::from_vec(bytes)).unwrap();
+    // The reference: the quantized values, unpadded, as an f32 matrix.
+    let deq = w.to_f32();
+    let unpadded: Vec<f32> = deq.chunks_exact(wide).flat_map(|row| row[..k].to_vec()).collect();
+    assert!(deq.chunks_exact(wide).all(|row| row[k..].iter().all(|&v| v == 0.0)));
+    let reference = Weight::from_f32(n, k, &unpadded);
+    for precision in [Precision::Exact, Precision::Fast] {
+        let cpu = CpuBackend::new(2).unwrap().with_precision(precision);
+        for m in [1, 5] {
+            let x = Tensor::new(m, k, (0..m * k).map(|i| value(i + 31) * 10.0).collect());
+            let got = cpu.matmul(&x, &w, None).unwrap();
+            let want = cpu.matmul(&x, &reference, None).unwrap();
+            assert_eq!((got.rows, got.cols), (m, n));
+            let scale = want.data.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            for (i, (g, e)) in got.data.iter().zip(&want.data).enumerate() {
+                assert!((g - e).abs() <= 0.02 * scale, "{precision:?} m={m} [{i}]: {g} vs {e}");
+            }
+        }
+    }
+    // An input as wide as the padded rows is an ordinary matmul; a narrower one by a whole block
+    // or more is a shape error.
+    let cpu = CpuBackend::new(1).unwrap();
+    assert!(cpu.matmul(&Tensor::new(1, wide, vec![0.5; wide]), &w, None).is_ok());
+    let err = cpu.matmul(&Tensor::new(1, 512, vec![0.5; 512]), &w, None).err().unwrap().to_string();
+    assert!(err.contains("shape mismatch"), "{err}");
 }

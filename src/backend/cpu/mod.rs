@@ -61,6 +61,15 @@ impl CpuBackend {
     }
 }
 
+/// `x` with zeros appended to each row up to `cols` values.
+fn pad_cols(x: &Tensor, cols: usize) -> Tensor {
+    let mut data = vec![0.0; x.rows * cols];
+    for (to, from) in data.chunks_exact_mut(cols).zip(x.data.chunks_exact(x.cols)) {
+        to[..x.cols].copy_from_slice(from);
+    }
+    Tensor::new(x.rows, cols, data)
+}
+
 fn shape_check(ok: bool, what: &str) -> Result<()> {
     if ok {
         Ok(())
@@ -122,6 +131,16 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>) -> Result<Tensor> {
+        // A draft requantized for the CPU may have rows padded with zeros to whole blocks
+        // (`Slimming::pad_rows`): its input gets zeros alike.
+        let padded;
+        let x = match w.cols > x.cols && w.cols - x.cols < w.dtype.block_size() {
+            true => {
+                padded = pad_cols(x, w.cols);
+                &padded
+            }
+            false => x,
+        };
         shape_check(w.cols == x.cols, "matmul")?;
         let mut out = vec![0.0; x.rows * w.rows];
         matmul_with(&self.pool, KernelPath::Best, self.precision, &x.data, x.rows, w, &mut out);

@@ -137,7 +137,8 @@ pub struct EngineArgs {
     pub draft_precision: PrecisionArg,
     /// Requantize the draft's matrices at load to none (as stored), q8_0, q4_0, q4_1 or q4_k,
     /// where that is smaller than their own format (q4_k rows that are not whole 256-value blocks
-    /// take q4_1; the embedding table is left as is, the output head is requantized too). A draft
+    /// are padded with zeros to whole blocks for a CPU draft and take q4_1 on the GPU; the
+    /// embedding table is left as is, the output head is requantized too). A draft
     /// step reads every matrix, so a smaller draft steps faster; it also proposes a little worse.
     /// The output is the target's either way.
     #[arg(long, default_value_t = DraftQuantArg(DEFAULT_DRAFT_QUANT))]
