@@ -67,7 +67,8 @@ fn main() -> Result<()> {
             let quant = (q != "none").then(|| q.parse().expect("a weight type"));
             let n: usize = h.parse().expect("HEAD is a number");
             let head = (n > 0).then(|| frequent_tokens(&draft.tokenizer, n, vocab));
-            Ok((s.clone(), Slimming { quant, head }.apply(&draft.weights)?))
+            // The drafts run on the CPU, where the engine pads Q4_K rows to whole blocks.
+            Ok((s.clone(), Slimming { quant, head, pad_rows: true }.apply(&draft.weights)?))
         })
         .collect::<Result<_>>()?;
     let cpu = |p| Device::Cpu { threads: 0, precision: p };
