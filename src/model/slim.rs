@@ -22,8 +22,11 @@ fn format_for(from: DType, cols: usize, want: DType, pad: bool) -> Option<(DType
         DType::Q4K if cols % quant::QK_K != 0 => (DType::Q4_1, cols),
         _ => (want, cols),
     };
-    let bytes = |t: DType, n: usize| t.bytes_for(n).ok();
-    (width % to.block_size() == 0 && bytes(to, width) < bytes(from, cols)).then_some((to, width))
+    let smaller = match (to.bytes_for(width), from.bytes_for(cols)) {
+        (Ok(new), Ok(old)) => new < old,
+        _ => false,
+    };
+    (width % to.block_size() == 0 && smaller).then_some((to, width))
 }
 
 /// `w` in format `to` with rows of `width >= w.cols` values (zeros after `w.cols`), through its
