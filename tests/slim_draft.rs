@@ -106,7 +106,9 @@ fn rows_padded_to_whole_blocks_multiply_as_the_unpadded_rows() {
     let unpadded: Vec<f32> = deq.chunks_exact(wide).flat_map(|row| row[..k].to_vec()).collect();
     assert!(deq.chunks_exact(wide).all(|row| row[k..].iter().all(|&v| v == 0.0)));
     let reference = Weight::from_f32(n, k, &unpadded);
-    for precision in [Precision::Exact, Precision::Fast] {
+    // The reference runs the float kernel on unquantized activations: 16-bit activations stay
+    // within 1.2e-6 of the largest output (measured), 8-bit ones within 3.3e-4.
+    for (precision, tolerance) in [(Precision::Exact, 1e-5), (Precision::Fast, 2e-3)] {
         let cpu = CpuBackend::new(2).unwrap().with_precision(precision);
         for m in [1, 5] {
             let x = Tensor::new(m, k, (0..m * k).map(|i| value(i + 31) * 10.0).collect());
@@ -115,7 +117,7 @@ fn rows_padded_to_whole_blocks_multiply_as_the_unpadded_rows() {
             assert_eq!((got.rows, got.cols), (m, n));
             let scale = want.data.iter().fold(0.0f32, |a, v| a.max(v.abs()));
             for (i, (g, e)) in got.data.iter().zip(&want.data).enumerate() {
-                assert!((g - e).abs() <= 0.02 * scale, "{precision:?} m={m} [{i}]: {g} vs {e}");
+                assert!((g - e).abs() <= tolerance * scale, "{precision:?} m={m} [{i}]: {g} vs {e}");
             }
         }
     }
