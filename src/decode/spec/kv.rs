@@ -118,8 +118,8 @@ impl<M: DraftLm> DraftKv<M> {
     pub async fn draft(&mut self, rec: u32, n: usize, confidence: f32, drafting: &mut Drafting<'_>) -> Result<Proposal> {
         self.open(rec, &[]);
         let mut p = Proposal { tokens: Vec::with_capacity(n), q: Vec::new() };
+        let greedy = drafting.params.is_greedy();
         for j in 0..n {
-            let greedy = drafting.params.is_greedy();
             let (t, prob) = if greedy && confidence <= 0.0 {
                 (*self.feed(Want::AllArgmax).await?.argmax().last().expect("a non-empty input"), 1.0)
             } else if greedy {

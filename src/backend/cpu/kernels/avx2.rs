@@ -352,8 +352,9 @@ unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], ou
     // One sum per row where it lasts a whole block without overflowing (Q4_K, Q5_K): with five
     // rows, the parts' registers are what pushes the weights out to the stack. Q6_K's larger
     // products would need its one sum flushed four times per block, which costs more.
-    let one_part = chunks_per_sum(T::PER_LANE * T::PARTS, F::max_product(false), T::MAX) == QK_K / 32;
-    let span = chunks_per_sum(if one_part { T::PER_LANE * T::PARTS } else { T::PER_LANE }, F::max_product(false), T::MAX);
+    let span_one = chunks_per_sum(T::PER_LANE * T::PARTS, F::max_product(false), T::MAX);
+    let one_part = span_one == QK_K / 32;
+    let span = if one_part { span_one } else { chunks_per_sum(T::PER_LANE, F::max_product(false), T::MAX) };
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * F::BYTES);
