@@ -111,42 +111,71 @@ unsafe fn chunk_k<F: BlockK>(b: *const u8, t: usize) -> __m256i {
     }
 }
 
-/// The scales of a K-quant block as the kernels apply them: `w = d * sc * v - dc * c`.
+/// The scales of a K-quant block as the kernels apply them, `w = d * sc * v - dc * c`, packed
+/// in general registers: vector registers are what a batch runs short of, so each part is
+/// widened into one only where it is used.
+#[derive(Clone, Copy)]
 struct Scales {
-    d: f32,
-    dc: f32,
-    /// The scale bytes (signed), the same in both 128-bit halves: Q4_K's and Q5_K's 8 (one per 32
-    /// values) or Q6_K's 16 (one per 16), picked by [`scale_at`].
-    sc: __m256i,
-    /// The offset `c` of each 16 values, as f32: groups 0..8, then 8..16.
-    c: [__m256; 2],
+    /// f16 bits of `d` (low half) and `dc` (high half); Q6_K has only `d`.
+    dc_bits: u32,
+    /// Q4_K's and Q5_K's 8 scale bytes (one per 32 values) and 8 min bytes; Q6_K reads its 16
+    /// signed scales (one per 16 values) from the block as they are stored.
+    sc: u64,
+    m: u64,
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scales<F: BlockK>(p: *const u8) -> Scales {
     if F::SIX {
-        let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
-        let d = f16x2((p.add(208) as *const u16).read_unaligned() as u32).0;
-        let c = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-        // Q6_K stores its values plus 32: the offset of each 16 is 32 times its scale.
-        return Scales { d, dc: 32.0 * d, sc: _mm256_broadcastsi128_si256(sc), c: [c(sc), c(_mm_srli_si128(sc, 8))] };
+        return Scales { dc_bits: (p.add(208) as *const u16).read_unaligned() as u32, sc: 0, m: 0 };
     }
-    let (d, dc) = f16x2((p as *const u32).read_unaligned());
     let (sc, m) = scales_mins_k4(&*(p.add(4) as *const [u8; 12]));
-    // A min covers 32 values: two groups of 16.
-    let m = _mm_shuffle_epi8(_mm_cvtsi64_si128(m as i64), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
-    let c = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-    Scales { d, dc, sc: _mm256_set1_epi64x(sc as i64), c: [c(m), c(_mm_srli_si128(m, 8))] }
+    Scales { dc_bits: (p as *const u32).read_unaligned(), sc, m }
 }
 
-/// Which byte of [`Scales::sc`] scales half `h` (0 or 1) of the 32 values `32 t..32 t + 32`.
+/// The scale bytes of block `p` (signed), the same in both 128-bit halves, picked by [`scale_at`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_bytes<F: BlockK>(p: *const u8, s: Scales) -> __m256i {
+    match F::SIX {
+        true => _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(192) as *const __m128i)),
+        false => _mm256_set1_epi64x(s.sc as i64),
+    }
+}
+
+/// `d` in every lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_d(s: Scales) -> __m256 {
+    _mm256_set1_ps(f16x2(s.dc_bits).0)
+}
+
+/// `dc * c` for each 16 values (groups 0..8, then 8..16) of block `p`, as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn offsets<F: BlockK>(p: *const u8, s: Scales) -> [__m256; 2] {
+    let (d, dc) = f16x2(s.dc_bits);
+    let (c, dc) = if F::SIX {
+        // Q6_K stores its values plus 32: the offset of each 16 is 32 times its scale.
+        let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
+        ([_mm256_cvtepi8_epi32(sc), _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))], 32.0 * d)
+    } else {
+        // A min covers 32 values: two groups of 16.
+        let m = _mm_shuffle_epi8(_mm_cvtsi64_si128(s.m as i64), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+        ([_mm256_cvtepu8_epi32(m), _mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))], dc)
+    };
+    let dc = _mm256_set1_ps(dc);
+    c.map(|c| _mm256_mul_ps(_mm256_cvtepi32_ps(c), dc))
+}
+
+/// Which byte of [`scale_bytes`] scales half `h` (0 or 1) of the 32 values `32 t..32 t + 32`.
 #[inline(always)]
 fn scale_at<F: BlockK>(t: usize, h: usize) -> usize {
     if F::SIX { 2 * t + h } else { t }
 }
 
-/// A byte shuffle of [`Scales::sc`] that puts scale byte `lo` (in the low 128 bits) or `hi` (in
+/// A byte shuffle of [`scale_bytes`] that puts scale byte `lo` (in the low 128 bits) or `hi` (in
 /// the high 128 bits) into the bytes of each 16-bit lane that `at` marks, and zero into the others.
 /// Called with constants, so it folds to a constant.
 #[inline(always)]
@@ -157,6 +186,18 @@ fn spread(lo: usize, hi: usize, at: [bool; 2]) -> __m256i {
     });
     // SAFETY: any 32 bytes are a valid __m256i.
     unsafe { std::mem::transmute::<[i8; 32], __m256i>(bytes) }
+}
+
+/// `v`, as if computed from `x` too, at no cost: no instruction emitted. The K-quant kernel passes
+/// its scales through this after each chunk's sums, so that the next chunk's weights are decoded
+/// only once every row has taken the current ones. Left to itself the compiler may instead run one
+/// row through all of a block's chunks, then the next, which keeps 16 decoded weights alive at
+/// once and spills them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn after(mut v: __m256i, x: __m256i) -> __m256i {
+    std::arch::asm!("/* {0} {1} */", inout(ymm_reg) v, in(ymm_reg) x, options(pure, nomem, nostack, preserves_flags));
+    v
 }
 
 /// How 32 weight values meet 32 activations of one integer type.
@@ -183,6 +224,10 @@ trait Dot: ActInt {
     unsafe fn dot_acc_one(w: Self::W, q: *const Self, acc: Self::Acc) -> Self::Acc;
     /// Eight partial sums of everything `acc` gathered, in f32.
     unsafe fn total(acc: Self::Acc) -> __m256;
+    /// [`Dot::total`] of an `acc` that only [`Dot::dot_acc_one`] added to.
+    unsafe fn total_one(acc: Self::Acc) -> __m256;
+    /// `v`, made to depend on `acc` (see [`after`]).
+    unsafe fn after(v: __m256i, acc: &Self::Acc) -> __m256i;
 
     /// Eight partial sums of the 32 products with the activations at `q`, in f32.
     #[inline(always)]
@@ -246,6 +291,18 @@ impl Dot for i8 {
     unsafe fn total(acc: __m256i) -> __m256 {
         _mm256_cvtepi32_ps(acc)
     }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn total_one(acc: __m256i) -> __m256 {
+        Self::total(acc)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn after(v: __m256i, acc: &__m256i) -> __m256i {
+        after(v, *acc)
+    }
 }
 
 /// 16-bit lanes for `madd` with 16-bit activations.
@@ -300,6 +357,18 @@ impl Dot for i16 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn total(acc: [__m256i; 2]) -> __m256 {
         _mm256_add_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_cvtepi32_ps(acc[1]))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn total_one(acc: [__m256i; 2]) -> __m256 {
+        _mm256_cvtepi32_ps(acc[0])
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn after(v: __m256i, acc: &[__m256i; 2]) -> __m256i {
+        after(after(v, acc[0]), acc[1])
     }
 }
 
@@ -361,26 +430,31 @@ unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], ou
         prefetch(p.wrapping_add(PREFETCH_AHEAD), F::BYTES);
         let s = scales::<F>(p);
         let mut sums = [T::ZERO; R];
+        let mut sc = scale_bytes::<F>(p, s);
         // Unrolled, so that each chunk's shifts and scale shuffles are constants.
         chunks!(t => {
-            let v = T::weights_k(chunk_k::<F>(p, t), s.sc, scale_at::<F>(t, 0), scale_at::<F>(t, 1));
+            let v = T::weights_k(chunk_k::<F>(p, t), sc, scale_at::<F>(t, 0), scale_at::<F>(t, 1));
             for i in 0..R {
                 let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
                 sums[i] = if one_part { T::dot_acc_one(v, q, sums[i]) } else { T::dot_acc(v, q, sums[i]) };
+                sc = T::after(sc, &sums[i]);
             }
             if (t + 1).is_multiple_of(span) {
                 for i in 0..R {
                     let a = x.get_unchecked(i * nb + b);
-                    acc[i] = _mm256_fmadd_ps(T::total(sums[i]), _mm256_set1_ps(s.d * a.d), acc[i]);
+                    let total = if one_part { T::total_one(sums[i]) } else { T::total(sums[i]) };
+                    acc[i] = _mm256_fmadd_ps(total, _mm256_mul_ps(scale_d(s), _mm256_broadcast_ss(&a.d)), acc[i]);
                     sums[i] = T::ZERO;
                 }
             }
         });
+        // The offsets' term, dc * a.d * Σ c * bsums, with dc folded into c once for all rows.
+        let c = offsets::<F>(p, s);
         for i in 0..R {
             let a = x.get_unchecked(i * nb + b);
             let bs = a.bsums.as_ptr();
-            let corr = _mm256_fmadd_ps(s.c[0], _mm256_loadu_ps(bs), _mm256_mul_ps(s.c[1], _mm256_loadu_ps(bs.add(8))));
-            acc[i] = _mm256_fnmadd_ps(corr, _mm256_set1_ps(s.dc * a.d), acc[i]);
+            let corr = _mm256_fmadd_ps(c[0], _mm256_loadu_ps(bs), _mm256_mul_ps(c[1], _mm256_loadu_ps(bs.add(8))));
+            acc[i] = _mm256_fnmadd_ps(corr, _mm256_broadcast_ss(&a.d), acc[i]);
         }
     }
     for i in 0..R {
