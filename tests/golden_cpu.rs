@@ -13,10 +13,10 @@ use saguaro::model::transformer::Transformer;
 use saguaro::sampling::SamplingParams;
 use util::*;
 
-/// Batches of up to 32 rows dot quantized weights with activations quantized in two 8-bit parts
-/// (about 15 bits), larger ones (prefills) dequantize weights to f32: both agree with the f32
-/// reference to about 3e-3, so the tolerance for unquantized activations applies, not the 0.05
-/// that one 8-bit part would need (and still miss: it moves these logits by up to 0.5).
+/// Batches of up to 32 rows dot quantized weights with activations quantized to 16 bits, larger
+/// ones (prefills) dequantize weights to f32: both agree with the f32 reference to about 3e-3, so
+/// the tolerance for unquantized activations applies, not the 0.05 that 8-bit activations would
+/// need (and still miss: they move these logits by up to 0.5).
 const TOP5_TOL: f32 = 0.02;
 
 /// Rows per teacher-forced batch on the integer path: a K = 4 verification.

@@ -207,8 +207,11 @@ trait Dot: ActInt {
     /// The 32 values of a 32-value block, signed where `signed`, in order.
     unsafe fn weights32(v: __m256i, signed: bool) -> Self::W;
     /// 32 unsigned values of a K-quant block; the first 16 take scale byte `lo` of `sc`, the last
-    /// 16 byte `hi` (see [`Scales`]).
-    unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize) -> Self::W;
+    /// 16 byte `hi` (see [`scale_bytes`]). Where `less32`, each value is taken less 32: Q6_K's
+    /// stored offset, which then needs no correction and halves the products' magnitude.
+    unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> Self::W;
+    /// Whether [`Dot::weights_k`] takes `less32`.
+    const LESS32: bool;
     /// Partial sums of a run of chunks, kept apart until [`Dot::total`] where that saves adds.
     type Acc: Copy;
     const ZERO: Self::Acc;
@@ -260,11 +263,14 @@ impl Dot for i8 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize) -> Bytes {
+    unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> Bytes {
+        debug_assert!(!less32, "maddubs takes unsigned weights");
         // The scale byte in the high byte of each 16-bit lane, shifted down with its sign.
         let sc = _mm256_srai_epi16(_mm256_shuffle_epi8(sc, spread(lo, hi, [false, true])), 8);
         Bytes { v, sign: None, sc }
     }
+
+    const LESS32: bool = false;
 
     type Acc = __m256i;
     const ZERO: __m256i = unsafe { std::mem::transmute([0u8; 32]) };
@@ -323,10 +329,19 @@ impl Dot for i16 {
     /// at even positions, then those at odd positions ([`Order::EvenOdd`]).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize) -> [__m256i; 2] {
-        let scaled = |at| _mm256_maddubs_epi16(v, _mm256_shuffle_epi8(sc, spread(lo, hi, at)));
-        [scaled([true, false]), scaled([false, true])]
+    unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> [__m256i; 2] {
+        let spread = |at| _mm256_shuffle_epi8(sc, spread(lo, hi, at));
+        let (even, odd) = (spread([true, false]), spread([false, true]));
+        let w = [_mm256_maddubs_epi16(v, even), _mm256_maddubs_epi16(v, odd)];
+        if !less32 {
+            return w;
+        }
+        // 32 times each lane's scale: the odd spread holds it in the high byte, 256 times over.
+        let offset = _mm256_srai_epi16(odd, 3);
+        w.map(|w| _mm256_sub_epi16(w, offset))
     }
+
+    const LESS32: bool = true;
 
     /// The products of even and of odd positions gather apart, up to f32: two short chains of
     /// adds rather than one through both `madd`s, each of half the magnitude.
@@ -418,12 +433,14 @@ macro_rules! chunks {
 unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * nb);
-    // One sum per row where it lasts a whole block without overflowing (Q4_K, Q5_K): with five
-    // rows, the parts' registers are what pushes the weights out to the stack. Q6_K's larger
-    // products would need its one sum flushed four times per block, which costs more.
-    let span_one = chunks_per_sum(T::PER_LANE * T::PARTS, F::max_product(false), T::MAX);
-    let one_part = span_one == QK_K / 32;
-    let span = if one_part { span_one } else { chunks_per_sum(T::PER_LANE, F::max_product(false), T::MAX) };
+    // Q6_K's values less their offset where the activations' type allows it.
+    let less32 = F::SIX && T::LESS32;
+    let max_w = F::max_product(less32);
+    // One sum per row where it lasts half a block without overflowing: with five rows, the
+    // parts' registers are what pushes the weights out to the stack.
+    let span_one = chunks_per_sum(T::PER_LANE * T::PARTS, max_w, T::MAX);
+    let one_part = span_one >= QK_K / 32 / 2;
+    let span = if one_part { span_one } else { chunks_per_sum(T::PER_LANE, max_w, T::MAX) };
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         let p = w.as_ptr().add(b * F::BYTES);
@@ -433,7 +450,7 @@ unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], ou
         let mut sc = scale_bytes::<F>(p, s);
         // Unrolled, so that each chunk's shifts and scale shuffles are constants.
         chunks!(t => {
-            let v = T::weights_k(chunk_k::<F>(p, t), sc, scale_at::<F>(t, 0), scale_at::<F>(t, 1));
+            let v = T::weights_k(chunk_k::<F>(p, t), sc, scale_at::<F>(t, 0), scale_at::<F>(t, 1), less32);
             for i in 0..R {
                 let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
                 sums[i] = if one_part { T::dot_acc_one(v, q, sums[i]) } else { T::dot_acc(v, q, sums[i]) };
@@ -448,6 +465,9 @@ unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], ou
                 }
             }
         });
+        if less32 {
+            continue;
+        }
         // The offsets' term, dc * a.d * Σ c * bsums, with dc folded into c once for all rows.
         let c = offsets::<F>(p, s);
         for i in 0..R {
