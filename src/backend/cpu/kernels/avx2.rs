@@ -454,7 +454,9 @@ unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], ou
             for i in 0..R {
                 let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
                 sums[i] = if one_part { T::dot_acc_one(v, q, sums[i]) } else { T::dot_acc(v, q, sums[i]) };
-                sc = T::after(sc, &sums[i]);
+                if R > 1 {
+                    sc = T::after(sc, &sums[i]);
+                }
             }
             if (t + 1).is_multiple_of(span) {
                 for i in 0..R {
