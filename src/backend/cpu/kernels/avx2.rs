@@ -3,7 +3,8 @@
 //! times signed activations, summed in pairs to i16), then widened by `madd` with the scale or
 //! with ones; with 16-bit activations a K-quant's values are widened and scaled at once by two
 //! `maddubs` against their scale bytes (even positions, then odd ones, as the activations are laid
-//! out for them), and each activation row costs two `madd`s. Weights are prefetched ahead of use.
+//! out for them), less 32 for Q6_K, whose stored offset that removes; each activation row then
+//! costs two `madd`s. Weights are prefetched ahead of use.
 
 // Kernels index several per-row arrays by the same row.
 #![allow(clippy::needless_range_loop)]
