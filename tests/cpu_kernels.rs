@@ -1,6 +1,6 @@
 //! The CPU matmul kernels of every weight format against the f32 reference (`quant::dequantize`,
 //! dotted in f64), on random blocks, odd shapes and batch sizes 1 to 64, for both the portable and
-//! the best kernels of this machine.
+//! the best kernels of this machine; and each row of a batch against the same row alone, to the bit.
 //!
 //! Tolerance: the bound of `util/reference.rs` (the activation quantization's rounding plus f32
 //! rounding). The portable and best kernels compute the same integer sums, so they must agree to
@@ -125,6 +125,40 @@ fn single_thread_and_wide_rows() {
                 let (want, tol) = reference(dtype, Precision::Exact, &wf[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
                 let got = out[i * n + r] as f64;
                 assert!((got - want).abs() <= tol, "{dtype:?} row {i} col {r}: {got} vs {want} (tol {tol})");
+            }
+        }
+    }
+}
+
+/// A batch's results equal each of its rows' alone, to the bit: speculative decoding verifies a
+/// batch of tokens and must score each exactly as a decode of that token would. Rows of 8,960
+/// values, as long as a 1.5B model's FFN, and 19 weight rows, so that every batch size runs over K
+/// in tiles and over a partial group of weight rows.
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_row_gets_the_same_bits_in_any_batch() {
+    let pool = CpuPool::new(2).unwrap();
+    let mut rng = TestRng::new(5);
+    let (n, k) = (19, 8960);
+    for dtype in DType::ALL {
+        let w = random_weight(dtype, n, k, rng.next()).unwrap();
+        let x: Vec<f32> = (0..16 * k).map(|_| rng.activation()).collect();
+        for precision in [Precision::Exact, Precision::Fast] {
+            let alone: Vec<Vec<f32>> = x
+                .chunks_exact(k)
+                .map(|row| {
+                    let mut out = vec![0.0; n];
+                    matmul_with(&pool, KernelPath::Best, precision, row, 1, &w, &mut out);
+                    out
+                })
+                .collect();
+            for m in [2, 3, 5, 8, 16] {
+                let mut out = vec![0.0; m * n];
+                matmul_with(&pool, KernelPath::Best, precision, &x[..m * k], m, &w, &mut out);
+                for (i, (got, want)) in out.chunks_exact(n).zip(&alone).enumerate() {
+                    let same = got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype:?} {precision:?} m={m} row {i}: {got:?} vs {want:?} alone");
+                }
             }
         }
     }

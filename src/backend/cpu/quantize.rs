@@ -58,6 +58,8 @@ pub struct Act32<T> {
 
 /// 256 activations, for the K-quants; `bsums[g]` is the sum of values `16 g..16 g + 16` (an integer
 /// that f32 holds exactly), which turns a K-quant's per-group offsets into one small dot per block.
+/// `bsums32` holds the same sums per 32 values, the groups of Q4_K's and Q5_K's offsets, whose dot
+/// then takes a single vector multiply.
 /// `qs` holds the values in the [`Order`] of the kernels that read them.
 /// Aligned as [`Act32`] is.
 #[derive(Clone, Copy, Debug)]
@@ -66,6 +68,7 @@ pub struct ActK<T> {
     pub qs: [T; QK_K],
     pub d: f32,
     pub bsums: [f32; QK_K / 16],
+    pub bsums32: [f32; QK_K / 32],
 }
 
 impl<T: ActInt> Default for Act32<T> {
@@ -76,7 +79,7 @@ impl<T: ActInt> Default for Act32<T> {
 
 impl<T: ActInt> Default for ActK<T> {
     fn default() -> Self {
-        ActK { d: 0.0, bsums: [0.0; QK_K / 16], qs: [T::default(); QK_K] }
+        ActK { d: 0.0, bsums: [0.0; QK_K / 16], bsums32: [0.0; QK_K / 32], qs: [T::default(); QK_K] }
     }
 }
 
@@ -120,6 +123,9 @@ fn actk_portable<T: ActInt>(x: &[f32], out: &mut [ActK<T>], order: Order) {
         b.d = block(x, &mut b.qs);
         for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
             *s = sum(q);
+        }
+        for (s, pair) in b.bsums32.iter_mut().zip(b.bsums.chunks_exact(2)) {
+            *s = pair[0] + pair[1];
         }
         if order == Order::EvenOdd {
             for c in b.qs.chunks_exact_mut(QK) {

@@ -52,7 +52,8 @@ pub struct BenchKernelsArgs {
     /// Cached tokens the attention kernel attends over.
     #[arg(long, default_value_t = 512)]
     context: usize,
-    /// Timed calls per kernel and shape (after one warm-up call).
+    /// Calls per timed batch (after one warm-up call); each kernel and shape is timed in 5 such
+    /// batches and the fastest is reported, since other work on the machine only slows one down.
     #[arg(long, default_value_t = 10)]
     reps: usize,
     /// Each matmul is timed twice: with one copy of its weights, which stays in cache, and with

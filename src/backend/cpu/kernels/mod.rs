@@ -201,15 +201,24 @@ pub(crate) fn each_row<A>(w: &[u8], x: &[A], rows: usize, out: &mut [f32], kerne
 }
 
 /// Instantiates a kernel generic over `<Format, Activation, const ROWS>` for `rows` activation rows
-/// and runs it on every weight row (see [`each_row`]).
+/// and runs it on every weight row (see [`each_row`]); with `all`, the kernel takes every weight row
+/// in one call.
 #[cfg(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128")))]
 macro_rules! by_rows {
+    (all $kernel:ident::<$($g:ty),+>($w:expr, $x:expr, $rows:expr, $out:expr)) => {{
+        // SAFETY: the caller runs in the kernel's instruction set (see RowsFn).
+        by_rows!(@ $rows, |N| unsafe { $kernel::<$($g),+, N>($w, $x, $out) })
+    }};
     ($kernel:ident::<$($g:ty),+>($w:expr, $x:expr, $rows:expr, $out:expr)) => {{
+        // SAFETY: the caller runs in the kernel's instruction set (see RowsFn).
+        by_rows!(@ $rows, |N| each_row($w, $x, N, $out, |w, x, o| unsafe { $kernel::<$($g),+, N>(w, x, o) }))
+    }};
+    (@ $rows:expr, |$r:ident| $call:expr) => {{
         macro_rules! run {
-            ($r:literal) => {
-                // SAFETY: the caller runs in the kernel's instruction set (see RowsFn).
-                each_row($w, $x, $r, $out, |w, x, o| unsafe { $kernel::<$($g),+, $r>(w, x, o) })
-            };
+            ($n:literal) => {{
+                const $r: usize = $n;
+                $call
+            }};
         }
         match $rows {
             1 => run!(1),
