@@ -164,6 +164,23 @@ fn a_row_gets_the_same_bits_in_any_batch() {
     }
 }
 
+/// A weight of rows with no values dots to zero with any batch, on every path, rather than
+/// dividing a row into zero-sized pieces.
+#[test]
+fn rows_of_no_values_dot_to_zero() {
+    let pool = CpuPool::new(2).unwrap();
+    for dtype in DType::ALL {
+        let w = Weight::new(dtype, 3, 0, Bytes::from_vec(Vec::new())).unwrap();
+        for (path, precision) in [(KernelPath::Best, Precision::Exact), (KernelPath::Best, Precision::Fast), (KernelPath::Scalar, Precision::Exact)] {
+            for m in [1, 5] {
+                let mut out = vec![f32::NAN; m * 3];
+                matmul_with(&pool, path, precision, &[], m, &w, &mut out);
+                assert!(out.iter().all(|&v| v == 0.0), "{dtype:?} {path:?} {precision:?} m={m}: {out:?}");
+            }
+        }
+    }
+}
+
 /// K-quant blocks whose every product is as large as the format allows (largest values and
 /// scales, or Q6_K's most negative scale with its smallest value, stored 0, or its largest,
 /// stored 63, which kernels that take Q6_K values unsigned multiply), dotted with activations at

@@ -112,6 +112,9 @@ pub fn matmul_with(pool: &Pool, path: KernelPath, precision: Precision, x: &[f32
     if m == 0 || n == 0 {
         return;
     }
+    if k == 0 {
+        return out.fill(0.0);
+    }
     let isa = Isa::of(path);
     let (dtype, simd) = (w.dtype, isa.avx2());
     let floats = |dtype| isa.pick(|k| (k.float)(dtype)).0;

@@ -465,14 +465,11 @@ unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], ou
     let n = out.len() / R;
     let nb = x.len() / R;
     let row_bytes = nb * F::BYTES;
-    debug_assert_eq!(w.len(), n * row_bytes);
-    if row_bytes == 0 {
-        return out.fill(0.0);
-    }
+    debug_assert!(nb > 0 && w.len() == n * row_bytes);
     // One row's activations are read once per weight row alongside weights from memory, which
     // bound a decode; tiling would only break up its weights' stream.
     let tiles = if R == 1 { 1 } else { (R * nb * std::mem::size_of::<ActK<T>>()).div_ceil(L1_ACTIVATIONS) };
-    let tile = nb.div_ceil(tiles.max(1)).max(1);
+    let tile = nb.div_ceil(tiles);
     let ahead = if tile == nb { PREFETCH_AHEAD } else { 2 * row_bytes };
     for (wg, og) in w.chunks(TILE_ROWS * row_bytes).zip(out.chunks_mut(TILE_ROWS * R)) {
         let mut acc = [[_mm256_setzero_ps(); R]; TILE_ROWS];
