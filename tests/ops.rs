@@ -241,8 +241,9 @@ fn matmul<B: Backend>(b: &B, t: &Tol) {
             _ => 512,
         };
         let w = random_weight(dtype, 37, k, i as u64).unwrap();
-        // 1 = decode, 5 = K+1 verification, 33 = a wide tree step (the CPU's f32 path above 32
-        // rows), 64 = the GPU's largest split-K batch, 70 = its tiled kernel with partial tiles.
+        // 1 = decode, 5 = K+1 verification, 33 = a wide tree step (on the CPU, several groups of
+        // rows over each weight chunk), 64 = the GPU's largest split-K batch, 70 = its tiled
+        // kernel with partial tiles.
         check_matmul(b, t, &w, None, &[1, 2, 5, 33, 64, 70], 100 + i as u64);
     }
 }

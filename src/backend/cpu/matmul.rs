@@ -95,10 +95,6 @@ impl Isa {
     }
 }
 
-/// Batches of more rows than this (prefills) dequantize each weight row once to f32 and run the float
-/// kernels: over that many rows the dequantization is paid back, and they are exact.
-const DEQUANTIZE_ABOVE: usize = 32;
-
 /// `out[m * n]` = `x[m * k]` times the transpose of `w`: `out[i * n + r] = dot(w row r, x row i)`.
 pub fn matmul(pool: &Pool, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
     matmul_with(pool, KernelPath::Best, Precision::Exact, x, m, w, out)
@@ -117,11 +113,9 @@ pub fn matmul_with(pool: &Pool, path: KernelPath, precision: Precision, x: &[f32
     }
     let isa = Isa::of(path);
     let (dtype, simd) = (w.dtype, isa.avx2());
-    let floats = |dtype| isa.pick(|k| (k.float)(dtype)).0;
     let exact = precision == Precision::Exact;
     match dtype {
-        DType::F32 | DType::F16 | DType::BF16 => run(pool, w, x, m, floats(dtype), false, out),
-        _ if m > DEQUANTIZE_ABOVE => run(pool, w, x, m, floats(DType::F32), true, out),
+        DType::F32 | DType::F16 | DType::BF16 => run(pool, w, x, m, isa.pick(|k| (k.float)(dtype)).0, out),
         DType::Q4K | DType::Q5K | DType::Q6K if exact => {
             let (kernel, set) = isa.pick(|k| (k.qk_16)(dtype));
             let order = set.qk_16_order;
@@ -153,7 +147,7 @@ fn integer<B: Default + Copy + Send + Sync>(
     out: &mut [f32],
 ) {
     let q = quantize(pool, x, m, w.cols / block, quant);
-    run(pool, w, &q, m, kernel, false, out)
+    run(pool, w, &q, m, kernel, out)
 }
 
 /// The `m` rows of `x` quantized into `per_row` blocks each, rows spread over the pool.
@@ -185,23 +179,16 @@ fn chunk_rows(pool: &Pool, n: usize, row_bytes: usize) -> usize {
     balance.min(L2_SHARE / row_bytes.max(1)).max(1)
 }
 
-/// `out = x w^T` for the `m` rows of `x`; with `dequantize`, each chunk of weight rows is first
-/// dequantized to f32 for `kernel`.
-fn run<A: Sync>(pool: &Pool, w: &Weight, x: &[A], m: usize, kernel: RowsFn<A>, dequantize: bool, out: &mut [f32]) {
-    let (n, k) = (w.rows, w.cols);
+/// `out = x w^T` for the `m` rows of `x`.
+fn run<A: Sync>(pool: &Pool, w: &Weight, x: &[A], m: usize, kernel: RowsFn<A>, out: &mut [f32]) {
+    let n = w.rows;
     let per_row = x.len() / m;
-    let rows = chunk_rows(pool, n, if dequantize { 4 * k } else { w.row_bytes() });
+    let rows = chunk_rows(pool, n, w.row_bytes());
     let out_ptr = SharedMut(out.as_mut_ptr());
     pool.for_each(n.div_ceil(rows), |c| {
         let out_ptr = out_ptr;
         let own = c * rows..((c + 1) * rows).min(n);
-        let mut tile = vec![0.0f32; if dequantize { own.len() * k } else { 0 }];
-        for (r, t) in own.clone().zip(tile.chunks_exact_mut(k)) {
-            w.dequantize_row(r, t);
-        }
-        // SAFETY: any initialized f32 is 4 initialized bytes, and the float kernels read bytes.
-        let tile = unsafe { std::slice::from_raw_parts(tile.as_ptr() as *const u8, 4 * tile.len()) };
-        let wc = if dequantize { tile } else { w.rows_range(own.clone()) };
+        let wc = w.rows_range(own.clone());
         let mut o = vec![0.0f32; own.len() * MAX_ROWS];
         for i0 in (0..m).step_by(MAX_ROWS) {
             let g = MAX_ROWS.min(m - i0);
