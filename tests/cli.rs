@@ -63,7 +63,8 @@ fn a_full_context_is_reported_for_every_mode() {
     }
 }
 
-/// One `saguaro bench` on SmolLM2 (drafting for itself): every mode, a K sweep, JSON and a plot.
+/// One `saguaro bench` on SmolLM2 (drafting for itself): every mode, a K sweep, two rounds, JSON
+/// and a plot.
 fn bench_run() -> &'static (serde_json::Value, String) {
     static RUN: std::sync::OnceLock<(serde_json::Value, String)> = std::sync::OnceLock::new();
     RUN.get_or_init(|| {
@@ -72,7 +73,7 @@ fn bench_run() -> &'static (serde_json::Value, String) {
         let out = Command::new(env!("CARGO_BIN_EXE_saguaro"))
             .args(["bench", "--target"])
             .arg(&model)
-            .args(["--modes", "ar,sd,ssd", "--sweep-k", "2,3", "--max-tokens", "12", "--json", "--plot"])
+            .args(["--modes", "ar,sd,ssd", "--sweep-k", "2,3", "--max-tokens", "12", "--rounds", "2", "--json", "--plot"])
             .arg(&plot)
             .output()
             .expect("the saguaro binary runs");
@@ -100,6 +101,12 @@ fn bench_json_reports_each_mode_at_each_k_with_costs_in_decodes() {
         .map(|(m, k)| (m.to_owned(), k))
         .collect();
     assert_eq!(runs, want, "AR once, every other mode at each K");
+    // Every prompt ran in every mode once per round (these prompts all run to the token limit).
+    assert_eq!(v["rounds"], 2);
+    let prompts = v["prompts"].as_u64().unwrap();
+    for r in rows {
+        assert_eq!(r["generated"].as_u64(), Some(prompts * 2 * 12), "{r}");
+    }
     let positive = |r: &serde_json::Value, f: &str| {
         let x = r[f].as_f64().unwrap_or_else(|| panic!("{f} missing in {r}"));
         assert!(x.is_finite() && x > 0.0, "{f} = {x} in {r}");

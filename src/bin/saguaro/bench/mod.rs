@@ -1,6 +1,7 @@
 //! `saguaro bench`: every mode on every prompt (at each K of a sweep), outputs checked against
 //! each other, one table of speed and of what a round costs in target decodes; optionally a plot
-//! and llama.cpp's own benchmark alternated with ours.
+//! and llama.cpp's own benchmark alternated with ours. Each prompt takes every mode in turn
+//! before the next prompt, so that a shared machine's drift falls on all modes alike.
 
 mod llama;
 mod plot;
@@ -43,6 +44,10 @@ pub struct BenchArgs {
     /// Tokens to generate per prompt.
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
+    /// Run every prompt in every mode this many times over (each prompt takes every mode in turn
+    /// each time): more rounds average out more of a shared machine's noise.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -97,6 +102,9 @@ fn check(args: &BenchArgs) -> Result<()> {
     if let Some(&k) = args.sweep_k.iter().find(|&&k| !(1..=64).contains(&k)) {
         return Err(Error::InvalidArgument(format!("--sweep-k: draft tokens per round must be in 1..=64, got {k}")));
     }
+    if args.rounds == 0 {
+        return Err(Error::InvalidArgument("--rounds: must be at least 1".into()));
+    }
     if args.llama_bench.is_some() && args.llama_reps == 0 {
         return Err(Error::InvalidArgument("--llama-reps: must be at least 1".into()));
     }
@@ -118,19 +126,15 @@ fn plan(args: &BenchArgs) -> Vec<(ModeArg, Option<usize>)> {
     runs
 }
 
-fn run_one(engine: &mut Engine, prompts: &[Prompt], mode: ModeArg, k: Option<usize>, max_tokens: usize) -> Result<Run> {
-    let spec = k.map(|k| saguaro::decode::SpecConfig { k, ..engine.spec().clone() });
-    let opts = GenerateOptions { mode: mode.0, max_tokens, spec, ..GenerateOptions::default() };
-    let mut gens = Vec::new();
-    for (i, prompt) in prompts.iter().enumerate() {
-        let g = block_on(engine.generate(prompt, &opts, &mut |_, _| true))?;
-        let at = k.map_or(String::new(), |k| format!(" k={k}"));
-        eprintln!("{mode}{at} prompt {i}: {} tokens, {:.1} tok/s", g.stats.generated, g.stats.tokens_per_s);
-        gens.push(g);
-    }
-    // SD and SSD without a K of their own run at the engine's.
-    let k = k.or((mode.0 != Some(Mode::Ar) && mode.0.is_some()).then(|| engine.spec().k));
-    Ok(Run { mode, k, gens })
+/// One generation of `prompt` in `run`'s mode and K.
+fn generate(engine: &mut Engine, prompt: &Prompt, i: usize, run: &mut Run, max_tokens: usize) -> Result<()> {
+    let spec = run.k.map(|k| saguaro::decode::SpecConfig { k, ..engine.spec().clone() });
+    let opts = GenerateOptions { mode: run.mode.0, max_tokens, spec, ..GenerateOptions::default() };
+    let g = block_on(engine.generate(prompt, &opts, &mut |_, _| true))?;
+    let at = run.k.map_or(String::new(), |k| format!(" k={k}"));
+    eprintln!("{}{at} prompt {i}: {} tokens, {:.1} tok/s", run.mode, g.stats.generated, g.stats.tokens_per_s);
+    run.gens.push(g);
+    Ok(())
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
@@ -142,9 +146,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         args.engine.engine(&args.modes)?
     };
-    let mut runs = Vec::new();
-    for (mode, k) in plan(args) {
-        runs.push(run_one(&mut engine, &prompts, mode, k, args.max_tokens)?);
+    let speculative = |mode: ModeArg| mode.0 != Some(Mode::Ar) && mode.0.is_some();
+    let mut runs: Vec<Run> = plan(args)
+        .into_iter()
+        // SD and SSD without a K of their own run at the engine's.
+        .map(|(mode, k)| Run { mode, k: k.or(speculative(mode).then(|| engine.spec().k)), gens: Vec::new() })
+        .collect();
+    for _ in 0..args.rounds {
+        for (i, prompt) in prompts.iter().enumerate() {
+            for run in &mut runs {
+                generate(&mut engine, prompt, i, run, args.max_tokens)?;
+            }
+        }
     }
     // Greedy decoding is lossless: every mode at every K must produce the same tokens.
     let mut agree = true;
@@ -152,7 +165,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         for (i, g) in r.gens.iter().enumerate() {
             if g.tokens != runs[0].gens[i].tokens {
                 agree = false;
-                eprintln!("MISMATCH: {} and {} differ on prompt {i}", report::label(&runs[0]), report::label(r));
+                eprintln!("MISMATCH: {} and {} differ on prompt {}", report::label(&runs[0]), report::label(r), i % prompts.len());
             }
         }
     }
@@ -181,7 +194,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let spec = engine.spec();
         println!(
             "{}",
-            json!({"prompts": prompts.len(), "max_tokens": args.max_tokens, "spec_k": spec.k,
+            json!({"prompts": prompts.len(), "rounds": args.rounds, "max_tokens": args.max_tokens, "spec_k": spec.k,
                    "sweep_k": args.sweep_k, "fanout": spec.fanout.to_string(), "outputs_agree": agree,
                    "decode_ms": unit.as_ref().map(|u| u.ms), "decode_measured_by": unit.as_ref().map(|u| u.source),
                    "modes": rows, "llama_cpp": llama})
