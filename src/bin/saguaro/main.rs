@@ -111,9 +111,12 @@ fn report(c: &Completion, json: bool) {
         return;
     }
     println!();
+    // A rate of no decode steps (a single token comes from the prefill) would read as 0 tok/s.
+    let decode = if s.generated > 1 { format!(", {:.1} tok/s", s.tokens_per_s) } else { String::new() };
+    let prefill_rate = if s.prefill_ms > 0.0 { s.prompt_tokens as f64 * 1000.0 / s.prefill_ms } else { 0.0 };
     let mut line = format!(
-        "[{}] {} tokens, {:.1} tok/s, prefill {} tokens in {:.0} ms, finish: {:?}",
-        s.mode, s.generated, s.tokens_per_s, s.prompt_tokens, s.prefill_ms, c.finish
+        "[{}] {} tokens{decode}, prefill {} tokens in {:.0} ms ({prefill_rate:.1} tok/s), finish: {:?}",
+        s.mode, s.generated, s.prompt_tokens, s.prefill_ms, c.finish
     );
     if let (Some(a), Some(m)) = (s.acceptance_rate, s.mean_accepted) {
         line += &format!(", acceptance {a:.2}, {m:.2} tokens/round");
