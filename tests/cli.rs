@@ -42,6 +42,26 @@ fn bad_values_are_refused_by_flag_and_range() {
 }
 
 #[test]
+fn bench_refuses_bad_values_before_loading() {
+    let model = util::root().join(format!("models/{}.gguf", util::SMOLLM2));
+    for (args, want) in [
+        (&["--rounds", "0"][..], "--rounds: must be at least 1"),
+        (&["--sweep-k", "0"], "--sweep-k: draft tokens per round must be in 1..=64, got 0"),
+        (&["--llama-bench", "llama-bench", "--llama-reps", "0"], "--llama-reps: must be at least 1"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_saguaro"))
+            .args(["bench", "--target"])
+            .arg(&model)
+            .args(args)
+            .output()
+            .expect("the saguaro binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("loading target"), "{args:?} loaded the model first: {err}");
+    }
+}
+
+#[test]
 fn bad_prompts_are_refused_by_name() {
     let (ok, _, err) = saguaro(&["--prompt", ""]);
     assert!(!ok && err.contains("error: --prompt: is empty"), "{err}");
