@@ -3,7 +3,7 @@
 // download progress) and no caching surprises.
 import { createReadStream, statSync } from 'node:fs';
 import { createServer } from 'node:http';
-import { extname, join, normalize, resolve } from 'node:path';
+import { extname, isAbsolute, join, relative, resolve, sep } from 'node:path';
 
 const root = resolve(process.argv[2] ?? '.');
 const port = Number(process.argv[3] ?? 8080);
@@ -18,14 +18,29 @@ const TYPES = {
   '.png': 'image/png',
 };
 
+/** The file a URL path names under `root`, or null when it would lie outside it. A prefix test
+ * on the joined string is not enough: `/..%2Froot-x/f` joins to `root-x/f`, which starts with
+ * `root`. */
+function inside(path) {
+  const file = resolve(root, `.${path}`);
+  const rel = relative(root, file);
+  return rel !== '..' && !rel.startsWith(`..${sep}`) && !isAbsolute(rel) ? file : null;
+}
+
 createServer((req, res) => {
-  const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+  let path;
+  try {
+    path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+  } catch {
+    res.writeHead(400);
+    return res.end();
+  }
   if (path === '/') {
     res.writeHead(302, { location: '/www/' });
     return res.end();
   }
-  let file = normalize(join(root, path));
-  if (!file.startsWith(root)) {
+  let file = inside(path);
+  if (file === null) {
     res.writeHead(403);
     return res.end();
   }

@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
+echo "== the demo server stays inside its root"
+node tests/web/serve.test.mjs
+
 scripts/build-web.sh
 
 echo "== npm package in Node (packed tarball in a fresh project)"
