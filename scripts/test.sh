@@ -9,7 +9,9 @@ chmod 700 "$XDG_RUNTIME_DIR"
 
 echo "== tests"
 cargo test --release
-echo "== CPU kernel tests on the portable kernels"
-SAGUARO_FORCE_SCALAR=1 cargo test --release --test cpu_kernels
+echo "== CPU kernel tests with the portable kernels as the best set"
+SAGUARO_KERNELS=scalar cargo test --release --test cpu_kernels
+echo "== lossless decoding on the AVX2 kernels (the best set of many x86 machines)"
+SAGUARO_KERNELS=avx2 cargo test --release --test lossless
 echo "== the browser package: Node, wasm tests in Chromium, the demo end to end"
 scripts/test-web.sh

@@ -1,6 +1,8 @@
 //! The CPU matmul kernels of every weight format against the f32 reference (`quant::dequantize`,
-//! dotted in f64), on random blocks, odd shapes and batch sizes 1 to 64, for both the portable and
-//! the best kernels of this machine; and each row of a batch against the same row alone, to the bit.
+//! dotted in f64), on random blocks, odd shapes and batch sizes 1 to 64, for the portable kernels
+//! and every SIMD kernel set this machine runs (AVX2, AVX-VNNI, AVX-512 VNNI; simd128 in wasm),
+//! which must agree with each other to the bit; and each row of a batch against the same row alone,
+//! to the bit. A set the machine cannot run is named as not run in the output.
 //!
 //! Tolerance: the bound of `util/reference.rs` (the activation quantization's rounding plus f32
 //! rounding). The portable and best kernels compute the same integer sums, so they must agree to
@@ -16,7 +18,7 @@ mod rand;
 #[path = "util/reference.rs"]
 mod reference;
 
-use saguaro::backend::cpu::{matmul_with, CpuPool, KernelPath, Precision};
+use saguaro::backend::cpu::{matmul_with, CpuPool, KernelSet, Precision};
 use saguaro::backend::random_weight;
 use saguaro::model::quant::{self, DType};
 use saguaro::model::quantize::{quantize, QUANTIZERS};
@@ -35,10 +37,30 @@ fn check_format(dtype: DType, precision: Precision, pool: &CpuPool) {
     check_weights(dtype, precision, pool, |n, k, seed| random_weight(dtype, n, k, seed).unwrap());
 }
 
+/// The SIMD kernel sets this machine runs, which every test here runs.
+fn simd_sets() -> Vec<KernelSet> {
+    KernelSet::ALL.into_iter().filter(|&s| s != KernelSet::Scalar && s.supported()).collect()
+}
+
+/// Says which kernel sets these tests run here and which they cannot, by name; the best set (the
+/// one `SAGUARO_KERNELS` names, if any) is one this machine runs.
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn names_the_kernel_sets_it_runs() {
+    for set in KernelSet::ALL {
+        let said = if set.supported() { "run" } else { "not run (this CPU lacks its instructions)" };
+        println!("kernel set {}: {said}", set.name());
+        assert_eq!(KernelSet::parse(set.name()), Some(set));
+    }
+    assert!(KernelSet::best().supported(), "best set {} does not run here", KernelSet::best().name());
+    println!("best kernel set: {}", KernelSet::best().name());
+}
+
 /// `make(n, k, seed)` gives `n` rows of `k` values of `dtype`, which the kernels must dot as the
 /// reference does.
 fn check_weights(dtype: DType, precision: Precision, pool: &CpuPool, make: impl Fn(usize, usize, u64) -> Weight) {
     let mut rng = TestRng::new(dtype.block_bytes() as u64 * 7919 + 1);
+    let sets = simd_sets();
     let n = 37;
     // Odd block counts; float rows also get lengths that leave a SIMD tail.
     let ks: Vec<usize> = match dtype.block_size() {
@@ -48,23 +70,32 @@ fn check_weights(dtype: DType, precision: Precision, pool: &CpuPool, make: impl 
     for k in ks {
         let w = make(n, k, rng.next());
         let wf = w.to_f32();
-        for m in [1, 5, 16, 64] {
+        for m in [1, 2, 5, 9, 16, 64] {
             let mut x: Vec<f32> = (0..m * k).map(|_| rng.activation()).collect();
             // An all-zero activation block must not turn into NaNs.
             x[..dtype.block_size().max(32).min(k)].fill(0.0);
-            let mut got = [vec![0.0; m * n], vec![0.0; m * n]];
-            matmul_with(pool, KernelPath::Scalar, precision, &x, m, &w, &mut got[0]);
-            matmul_with(pool, KernelPath::Best, precision, &x, m, &w, &mut got[1]);
+            let run = |set| {
+                let mut out = vec![0.0; m * n];
+                matmul_with(pool, set, precision, &x, m, &w, &mut out);
+                out
+            };
+            let scalar = run(KernelSet::Scalar);
+            let simd: Vec<(KernelSet, Vec<f32>)> = sets.iter().map(|&set| (set, run(set))).collect();
             for i in 0..m {
                 for r in 0..n {
                     let (wr, xi) = (&wf[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
                     let (want, tol) = reference(dtype, precision, wr, xi);
-                    let (scalar, best) = (got[0][i * n + r] as f64, got[1][i * n + r] as f64);
                     let at = format!("{dtype:?} {precision:?} k={k} m={m} row {i} col {r}");
-                    assert!((scalar - want).abs() <= tol, "{at}: scalar {scalar} vs {want} (tol {tol})");
-                    assert!((best - want).abs() <= tol, "{at}: best {best} vs {want} (tol {tol})");
+                    let s = scalar[i * n + r] as f64;
+                    assert!((s - want).abs() <= tol, "{at}: scalar {s} vs {want} (tol {tol})");
                     let agree = 1e-5 * reference::magnitude(wr, xi) + 1e-6;
-                    assert!((scalar - best).abs() <= agree, "{at}: scalar {scalar} vs best {best}");
+                    for (set, got) in &simd {
+                        let (name, g) = (set.name(), got[i * n + r]);
+                        assert!((g as f64 - want).abs() <= tol, "{at}: {name} {g} vs {want} (tol {tol})");
+                        assert!((s - g as f64).abs() <= agree, "{at}: scalar {s} vs {name} {g}");
+                        let (first, f) = (simd[0].0.name(), simd[0].1[i * n + r]);
+                        assert_eq!(g.to_bits(), f.to_bits(), "{at}: {name} {g} vs {first} {f}");
+                    }
                 }
             }
         }
@@ -119,7 +150,7 @@ fn single_thread_and_wide_rows() {
         let wf = w.to_f32();
         let x: Vec<f32> = (0..m * k).map(|j| rng.activation() * (1 + j % 97) as f32).collect();
         let mut out = vec![0.0; m * n];
-        matmul_with(&pool, KernelPath::Best, Precision::Exact, &x, m, &w, &mut out);
+        matmul_with(&pool, KernelSet::best(), Precision::Exact, &x, m, &w, &mut out);
         for i in 0..m {
             for r in 0..n {
                 let (want, tol) = reference(dtype, Precision::Exact, &wf[r * k..(r + 1) * k], &x[i * k..(i + 1) * k]);
@@ -139,29 +170,36 @@ fn single_thread_and_wide_rows() {
 fn a_row_gets_the_same_bits_in_any_batch() {
     let pool = CpuPool::new(2).unwrap();
     let mut rng = TestRng::new(5);
+    let sets = simd_sets();
     let (n, k) = (19, 8960);
     for dtype in DType::ALL {
         let w = random_weight(dtype, n, k, rng.next()).unwrap();
         let x: Vec<f32> = (0..16 * k).map(|_| rng.activation()).collect();
-        for precision in [Precision::Exact, Precision::Fast] {
+        for (set, precision) in sets.iter().flat_map(|&s| [(s, Precision::Exact), (s, Precision::Fast)]) {
             let alone: Vec<Vec<f32>> = x
                 .chunks_exact(k)
                 .map(|row| {
                     let mut out = vec![0.0; n];
-                    matmul_with(&pool, KernelPath::Best, precision, row, 1, &w, &mut out);
+                    matmul_with(&pool, set, precision, row, 1, &w, &mut out);
                     out
                 })
                 .collect();
-            for m in [2, 3, 5, 8, 16] {
+            for m in [2, 3, 5, 8, 9, 16] {
                 let mut out = vec![0.0; m * n];
-                matmul_with(&pool, KernelPath::Best, precision, &x[..m * k], m, &w, &mut out);
+                matmul_with(&pool, set, precision, &x[..m * k], m, &w, &mut out);
                 for (i, (got, want)) in out.chunks_exact(n).zip(&alone).enumerate() {
                     let same = got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{dtype:?} {precision:?} m={m} row {i}: {got:?} vs {want:?} alone");
+                    assert!(same, "{dtype:?} {} {precision:?} m={m} row {i}: {got:?} vs {want:?} alone", set.name());
                 }
             }
         }
     }
+}
+
+/// Every kernel set this machine runs, at both precisions.
+fn every_set_and_precision() -> Vec<(KernelSet, Precision)> {
+    let sets = [KernelSet::Scalar].into_iter().chain(simd_sets());
+    sets.flat_map(|s| [(s, Precision::Exact), (s, Precision::Fast)]).collect()
 }
 
 /// A weight of rows with no values dots to zero with any batch, on every path, rather than
@@ -171,7 +209,7 @@ fn rows_of_no_values_dot_to_zero() {
     let pool = CpuPool::new(2).unwrap();
     for dtype in DType::ALL {
         let w = Weight::new(dtype, 3, 0, Bytes::from_vec(Vec::new())).unwrap();
-        for (path, precision) in [(KernelPath::Best, Precision::Exact), (KernelPath::Best, Precision::Fast), (KernelPath::Scalar, Precision::Exact)] {
+        for (path, precision) in every_set_and_precision() {
             for m in [1, 5] {
                 let mut out = vec![f32::NAN; m * 3];
                 matmul_with(&pool, path, precision, &[], m, &w, &mut out);
@@ -204,7 +242,7 @@ fn extreme_k_blocks_do_not_overflow() {
         let wf = w.to_f32();
         for sign in [1.0f32, -1.0] {
             let x = vec![sign; 5 * k];
-            for (path, precision) in [(KernelPath::Best, Precision::Exact), (KernelPath::Best, Precision::Fast), (KernelPath::Scalar, Precision::Exact)] {
+            for (path, precision) in every_set_and_precision() {
                 let mut out = vec![0.0; 5 * n];
                 matmul_with(&pool, path, precision, &x, 5, &w, &mut out);
                 let (want, tol) = reference(dtype, precision, &wf[..k], &x[..k]);

@@ -27,54 +27,97 @@ pub enum Precision {
     Fast,
 }
 
-/// Which kernels a matmul runs.
+/// A set of CPU kernels: one per weight format and activation type, for one instruction set. Every
+/// set computes the same integer sums, in the same order of float additions for the SIMD sets, so
+/// the SIMD sets give the same bits as each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelPath {
-    /// The portable kernels, on any machine.
+pub enum KernelSet {
+    /// The portable kernels, on any machine: what the others are tested against.
     Scalar,
-    /// The fastest this machine runs: AVX2 on x86-64 CPUs that have it, simd128 in a wasm build with
-    /// it enabled, else the portable ones. `SAGUARO_FORCE_SCALAR=1` (read once) makes it the
-    /// portable ones, so that a whole test run can cover them.
-    Best,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    Scalar,
-    #[cfg(target_arch = "x86_64")]
+    /// x86-64 with AVX2, FMA and F16C.
     Avx2,
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    /// AVX2 with AVX-VNNI: one instruction for each 16-bit or byte multiply-add.
+    AvxVnni,
+    /// AVX-512 F, BW, VL and VNNI: AVX-VNNI's multiply-adds with 32 vector registers.
+    Avx512Vnni,
+    /// wasm32 simd128.
     Simd128,
 }
 
-impl Isa {
-    fn of(path: KernelPath) -> Isa {
-        static BEST: OnceLock<Isa> = OnceLock::new();
-        match path {
-            KernelPath::Scalar => Isa::Scalar,
-            KernelPath::Best => *BEST.get_or_init(|| {
-                if std::env::var("SAGUARO_FORCE_SCALAR").is_ok_and(|v| v == "1") {
-                    return Isa::Scalar;
-                }
-                #[cfg(target_arch = "x86_64")]
-                if kernels::avx2::detected() {
-                    return Isa::Avx2;
-                }
-                #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-                return Isa::Simd128;
-                #[allow(unreachable_code)]
-                Isa::Scalar
-            }),
+impl KernelSet {
+    /// Every set, the portable one first and the fastest of each architecture last.
+    pub const ALL: [KernelSet; 5] = [KernelSet::Scalar, KernelSet::Simd128, KernelSet::Avx2, KernelSet::AvxVnni, KernelSet::Avx512Vnni];
+
+    /// The name `SAGUARO_KERNELS`, `bench-kernels --kernels` and `saguaro devices` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelSet::Scalar => "scalar",
+            KernelSet::Avx2 => "avx2",
+            KernelSet::AvxVnni => "avx-vnni",
+            KernelSet::Avx512Vnni => "avx512-vnni",
+            KernelSet::Simd128 => "simd128",
         }
     }
 
-    fn kernels(self) -> &'static Kernels {
+    /// The set of a [`KernelSet::name`].
+    pub fn parse(name: &str) -> Option<KernelSet> {
+        KernelSet::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// Whether this machine runs the set.
+    pub fn supported(self) -> bool {
         match self {
-            Isa::Scalar => &kernels::scalar::KERNELS,
+            KernelSet::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => &kernels::avx2::KERNELS,
+            KernelSet::Avx2 => kernels::x86::avx2_detected(),
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::AvxVnni => kernels::x86::avx_vnni_detected(),
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::Avx512Vnni => kernels::x86::avx512_vnni_detected(),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            Isa::Simd128 => &kernels::wasm::KERNELS,
+            KernelSet::Simd128 => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The fastest set this machine runs, or the one `SAGUARO_KERNELS` names (read once), so that
+    /// a whole run can be made on each set the machine has. A named set the machine cannot run, or
+    /// an unknown name, is said on stderr and the fastest taken instead.
+    pub fn best() -> KernelSet {
+        static BEST: OnceLock<KernelSet> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            let fastest = KernelSet::ALL.into_iter().rev().find(|s| s.supported()).unwrap_or(KernelSet::Scalar);
+            let Ok(name) = std::env::var("SAGUARO_KERNELS") else {
+                return fastest;
+            };
+            match KernelSet::parse(&name) {
+                Some(set) if set.supported() => set,
+                Some(_) => {
+                    eprintln!("SAGUARO_KERNELS={name}: this CPU cannot run that kernel set; using {}", fastest.name());
+                    fastest
+                }
+                None => {
+                    let names: Vec<_> = KernelSet::ALL.iter().map(|s| s.name()).collect();
+                    eprintln!("SAGUARO_KERNELS={name}: no such kernel set (one of {}); using {}", names.join(", "), fastest.name());
+                    fastest
+                }
+            }
+        })
+    }
+
+    fn kernels(self) -> &'static Kernels {
+        assert!(self.supported(), "kernel set {} does not run on this machine", self.name());
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::Avx2 => &kernels::x86::avx2::KERNELS,
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::AvxVnni => &kernels::x86::avx_vnni::KERNELS,
+            #[cfg(target_arch = "x86_64")]
+            KernelSet::Avx512Vnni => &kernels::x86::avx512_vnni::KERNELS,
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            KernelSet::Simd128 => &kernels::wasm::KERNELS,
+            _ => &kernels::scalar::KERNELS,
         }
     }
 
@@ -86,22 +129,20 @@ impl Isa {
             .expect("every format of a family has a portable kernel")
     }
 
-    /// Whether activation quantization may use AVX2.
+    /// Whether the set runs AVX2, which activation quantization and the f32 helpers then use.
     fn avx2(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        return self == Isa::Avx2;
-        #[cfg(not(target_arch = "x86_64"))]
-        false
+        matches!(self, KernelSet::Avx2 | KernelSet::AvxVnni | KernelSet::Avx512Vnni)
     }
 }
 
 /// `out[m * n]` = `x[m * k]` times the transpose of `w`: `out[i * n + r] = dot(w row r, x row i)`.
 pub fn matmul(pool: &Pool, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
-    matmul_with(pool, KernelPath::Best, Precision::Exact, x, m, w, out)
+    matmul_with(pool, KernelSet::best(), Precision::Exact, x, m, w, out)
 }
 
-/// [`matmul`] on the kernels `path` names, at `precision`.
-pub fn matmul_with(pool: &Pool, path: KernelPath, precision: Precision, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
+/// [`matmul`] on the kernel set `isa`, at `precision`. Panics where this machine cannot run `isa`
+/// (see [`KernelSet::supported`]).
+pub fn matmul_with(pool: &Pool, isa: KernelSet, precision: Precision, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
     let (n, k) = (w.rows, w.cols);
     assert_eq!(x.len(), m * k, "matmul: x is not [m, k]");
     assert_eq!(out.len(), m * n, "matmul: out is not [m, n]");
@@ -111,7 +152,6 @@ pub fn matmul_with(pool: &Pool, path: KernelPath, precision: Precision, x: &[f32
     if k == 0 {
         return out.fill(0.0);
     }
-    let isa = Isa::of(path);
     let (dtype, simd) = (w.dtype, isa.avx2());
     let exact = precision == Precision::Exact;
     match dtype {
@@ -205,10 +245,10 @@ fn run<A: Sync>(pool: &Pool, w: &Weight, x: &[A], m: usize, kernel: RowsFn<A>, o
     });
 }
 
-/// Whether the AVX2 kernels run here.
+/// Whether the best kernel set runs AVX2.
 #[cfg(target_arch = "x86_64")]
 fn avx2() -> bool {
-    Isa::of(KernelPath::Best).avx2()
+    KernelSet::best().avx2()
 }
 
 /// `y += a * x` for two f32 slices of equal length.
@@ -218,7 +258,7 @@ pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if avx2() {
         // SAFETY: AVX2, FMA and F16C were detected.
-        done = unsafe { kernels::avx2::axpy(y, a, x) };
+        done = unsafe { kernels::x86::float::axpy(y, a, x) };
     }
     y[done..].iter_mut().zip(&x[done..]).for_each(|(y, x)| *y += a * x);
 }
@@ -230,7 +270,7 @@ pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if avx2() {
         // SAFETY: AVX2, FMA and F16C were detected.
-        done = unsafe { kernels::avx2::silu_mul(g, u, out) };
+        done = unsafe { kernels::x86::float::silu_mul(g, u, out) };
     }
     let rest = out[done..].iter_mut().zip(g[done..].iter().zip(&u[done..]));
     rest.for_each(|(o, (g, u))| *o = g / (1.0 + (-g).exp()) * u);
@@ -241,7 +281,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if avx2() {
         // SAFETY: AVX2, FMA and F16C were detected.
-        return unsafe { kernels::avx2::dot(a, b) };
+        return unsafe { kernels::x86::float::dot(a, b) };
     }
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));

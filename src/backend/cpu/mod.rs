@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::model::weights::Weight;
 use pool::{Pool, SharedMut};
 
-pub use matmul::{matmul, matmul_with, KernelPath, Precision};
+pub use matmul::{matmul, matmul_with, KernelSet, Precision};
 pub use pool::Pool as CpuPool;
 
 /// A row-major `[rows, cols]` f32 matrix.
@@ -45,12 +45,21 @@ pub struct Cache {
 pub struct CpuBackend {
     pool: Pool,
     precision: Precision,
+    kernels: KernelSet,
 }
 
 impl CpuBackend {
-    /// A backend computing on `threads` threads (0 = all available cores), at [`Precision::Exact`].
+    /// A backend computing on `threads` threads (0 = all available cores), at [`Precision::Exact`],
+    /// on the [`KernelSet::best`] kernels.
     pub fn new(threads: usize) -> Result<Self> {
-        Ok(CpuBackend { pool: Pool::new(threads)?, precision: Precision::Exact })
+        Ok(CpuBackend { pool: Pool::new(threads)?, precision: Precision::Exact, kernels: KernelSet::best() })
+    }
+    /// The same backend on the kernel set `kernels`, if this machine runs it.
+    pub fn with_kernels(self, kernels: KernelSet) -> Result<Self> {
+        if !kernels.supported() {
+            return Err(Error::InvalidArgument(format!("this CPU cannot run the {} kernels", kernels.name())));
+        }
+        Ok(CpuBackend { kernels, ..self })
     }
     /// The same backend with activations quantized at `precision` (see [`Precision`]).
     pub fn with_precision(self, precision: Precision) -> Self {
@@ -85,8 +94,8 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> String {
         match self.precision {
-            Precision::Exact => format!("cpu ({} threads)", self.threads()),
-            Precision::Fast => format!("cpu ({} threads, fast 8-bit activations)", self.threads()),
+            Precision::Exact => format!("cpu ({} threads, {})", self.threads(), self.kernels.name()),
+            Precision::Fast => format!("cpu ({} threads, {}, fast 8-bit activations)", self.threads(), self.kernels.name()),
         }
     }
 
@@ -143,7 +152,7 @@ impl Backend for CpuBackend {
         };
         shape_check(w.cols == x.cols, "matmul")?;
         let mut out = vec![0.0; x.rows * w.rows];
-        matmul_with(&self.pool, KernelPath::Best, self.precision, &x.data, x.rows, w, &mut out);
+        matmul_with(&self.pool, self.kernels, self.precision, &x.data, x.rows, w, &mut out);
         if let Some(b) = bias {
             let b = b.to_f32();
             shape_check(b.len() == w.rows, "matmul bias")?;

@@ -7,7 +7,7 @@ use clap::Args;
 use futures::executor::block_on;
 use serde_json::json;
 
-use saguaro::backend::cpu::CpuBackend;
+use saguaro::backend::cpu::{CpuBackend, KernelSet};
 use saguaro::backend::gpu::list_adapters;
 use saguaro::backend::{bench_kernels, BenchOptions, KernelBench, WeightsIn};
 use saguaro::model::load::open;
@@ -25,7 +25,9 @@ pub fn devices() -> Result<()> {
     for a in adapters {
         println!("{a}");
     }
-    println!("cpu: {} threads available", std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let sets: Vec<_> = KernelSet::ALL.into_iter().filter(|s| s.supported()).map(KernelSet::name).collect();
+    println!("cpu: {threads} threads available, kernels {} (this CPU runs: {})", KernelSet::best().name(), sets.join(", "));
     Ok(())
 }
 
@@ -61,9 +63,20 @@ pub struct BenchKernelsArgs {
     /// in a forward of a whole model. 0 leaves out the second timing.
     #[arg(long, default_value_t = 256)]
     working_set_mb: usize,
+    /// Comma-separated CPU kernel sets to time one after another in this run, for `--backend cpu`
+    /// (default: the best this CPU runs, or `SAGUARO_KERNELS`). `saguaro devices` lists them.
+    #[arg(long, value_delimiter = ',', value_parser = parse_kernel_set)]
+    kernels: Vec<KernelSet>,
     /// Print one JSON array instead of the table.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_kernel_set(name: &str) -> std::result::Result<KernelSet, String> {
+    KernelSet::parse(name).ok_or_else(|| {
+        let names: Vec<_> = KernelSet::ALL.iter().map(|s| s.name()).collect();
+        format!("no kernel set {name:?} (one of {})", names.join(", "))
+    })
 }
 
 fn options(args: &BenchKernelsArgs) -> Result<BenchOptions> {
@@ -88,17 +101,33 @@ fn options(args: &BenchKernelsArgs) -> Result<BenchOptions> {
 
 pub fn bench(args: &BenchKernelsArgs) -> Result<()> {
     let opts = options(args)?;
-    let (name, rows): (String, Vec<KernelBench>) = match args.backend {
+    let runs: Vec<(String, Vec<KernelBench>)> = match args.backend {
         BackendKind::Cpu => {
-            let cpu = CpuBackend::new(args.threads)?;
-            (saguaro::backend::Backend::name(&cpu), block_on(bench_kernels(&cpu, &opts))?)
+            let sets = if args.kernels.is_empty() { vec![KernelSet::best()] } else { args.kernels.clone() };
+            let mut runs = Vec::new();
+            for set in sets {
+                let cpu = CpuBackend::new(args.threads)?.with_kernels(set)?;
+                runs.push((saguaro::backend::Backend::name(&cpu), block_on(bench_kernels(&cpu, &opts))?));
+            }
+            runs
         }
         BackendKind::Gpu => {
+            if !args.kernels.is_empty() {
+                return Err(Error::InvalidArgument("--kernels names CPU kernel sets: use it with --backend cpu".into()));
+            }
             let gpu = args.device.open_gpu()?;
-            (saguaro::backend::Backend::name(&gpu), block_on(bench_kernels(&gpu, &opts))?)
+            vec![(saguaro::backend::Backend::name(&gpu), block_on(bench_kernels(&gpu, &opts))?)]
         }
     };
-    if args.json {
+    for (name, rows) in runs {
+        report(args.json, &name, &rows);
+    }
+    Ok(())
+}
+
+/// One backend's timings, as a table or as one line of JSON.
+fn report(json: bool, name: &str, rows: &[KernelBench]) {
+    if json {
         let rows: Vec<_> = rows
             .iter()
             .map(|r| {
@@ -120,5 +149,4 @@ pub fn bench(args: &BenchKernelsArgs) -> Result<()> {
             println!("{r}");
         }
     }
-    Ok(())
 }

@@ -16,7 +16,7 @@ use super::quantize::{Act32, ActInt, ActK, Order};
 use crate::model::quant::{f16_at, scales_mins_k4, DType, QK, QK_K};
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2;
+pub(crate) mod x86;
 pub(crate) mod scalar;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 pub(crate) mod wasm;

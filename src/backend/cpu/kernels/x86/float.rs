@@ -1,0 +1,109 @@
+//! Float-weight kernels and the f32 helpers of the CPU backend, for AVX2 + FMA: every x86 set
+//! shares them, since VNNI adds nothing to float arithmetic.
+
+use std::arch::x86_64::*;
+
+use super::super::*;
+use super::hsum;
+/// Eight weights from element `j` on, as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float8<F: Float>(w: *const u8, j: usize) -> __m256 {
+    let p = w.add(j * F::BYTES);
+    match F::DTYPE {
+        DType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        DType::BF16 => _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)),
+            16,
+        )),
+        _ => _mm256_loadu_ps(p as *const f32),
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float_rows<F: Float, const R: usize>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    let k = w.len() / F::BYTES;
+    debug_assert_eq!(x.len(), R * k);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let main = k / 8 * 8;
+    for c in 0..k / 8 {
+        let wv = float8::<F>(w.as_ptr(), 8 * c);
+        for i in 0..R {
+            acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i * k + 8 * c)), acc[i]);
+        }
+    }
+    for i in 0..R {
+        let tail: f32 = (main..k).map(|j| F::value(w, j) * x[i * k + j]).sum();
+        out[i] = hsum(acc[i]) + tail;
+    }
+}
+
+/// `dot(a, b)` of two f32 slices of equal length.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut out = [0.0];
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    // SAFETY: a is n f32 in bytes, and b holds n values for the one row.
+    unsafe { float_rows::<F32, 1>(std::slice::from_raw_parts(a.as_ptr() as *const u8, 4 * n), b, &mut out) };
+    out[0]
+}
+
+/// `y += a * x` over the common length's whole 8-lane vectors; returns how many values that was,
+/// leaving the rest to the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) -> usize {
+    let main = y.len().min(x.len()) / 8 * 8;
+    let av = _mm256_set1_ps(a);
+    for j in (0..main).step_by(8) {
+        // SAFETY: j + 8 <= main, within both slices.
+        unsafe {
+            let yp = y.as_mut_ptr().add(j);
+            _mm256_storeu_ps(yp, _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(j)), _mm256_loadu_ps(yp)));
+        }
+    }
+    main
+}
+
+/// `e^x` for eight lanes, to within a few ulp of f32 for `x` in [-87, 88] (clamped there, which
+/// keeps `2^n` a normal number): `2^n * e^r` with `r = x - n ln 2` in [-0.35, 0.35], where a
+/// degree-7 Taylor polynomial is off by under 1e-8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0)), _mm256_set1_ps(88.0));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)));
+    // ln 2 in two parts, so that n * ln 2 is subtracted without rounding away r's low bits.
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm256_set1_ps(1.0 / 5040.0);
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let two_n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127))));
+    _mm256_mul_ps(p, two_n)
+}
+
+/// `out = silu(g) * u = g / (1 + e^-g) * u` over the common length's whole 8-lane vectors;
+/// returns how many values that was, leaving the rest to the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) -> usize {
+    let main = out.len().min(g.len()).min(u.len()) / 8 * 8;
+    let one = _mm256_set1_ps(1.0);
+    for j in (0..main).step_by(8) {
+        // SAFETY: j + 8 <= main, within all three slices.
+        unsafe {
+            let gv = _mm256_loadu_ps(g.as_ptr().add(j));
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            let s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(out.as_mut_ptr().add(j), _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(j))));
+        }
+    }
+    main
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn float<F: Float>(w: &[u8], x: &[f32], rows: usize, out: &mut [f32]) {
+    by_rows!(float_rows::<F>(w, x, rows, out))
+}

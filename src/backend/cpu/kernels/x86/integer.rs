@@ -1,0 +1,452 @@
+//! The integer kernels of an x86-64 kernel set, written once and compiled for each set's
+//! instructions: `#[target_feature]` takes only a literal, and a helper inlines into its caller only
+//! where the caller has every feature the helper was compiled for, so the loops that call a set's
+//! multiply-adds are instantiated per set by [`integer_kernels!`]. The decoders they call, which
+//! need only AVX2, are shared (see the parent module).
+//!
+//! The sets differ in two multiply-adds: `dpwssd` (`acc + Σ` pairs of i16 products, `vpdpwssd`
+//! with VNNI, `vpmaddwd` + `vpaddd` without) and `dpbusd` (`acc + Σ` quads of unsigned-by-signed
+//! byte products, `vpdpbusd` with VNNI, `vpmaddubsw` + `vpmaddwd` by ones + `vpaddd` without).
+//! Every operand the kernels pass keeps each pair of byte products within i16 and each sum within
+//! i32, where the two forms compute the same integers, so every set gives the same bits.
+
+/// Defines `KERNELS` for the set whose target features are `$features`, with its two
+/// multiply-adds (see the module doc).
+macro_rules! integer_kernels {
+    ($features:literal, dpwssd: $dpwssd:path, dpbusd: $dpbusd:path, i16: $i16:ident) => {
+        use std::arch::x86_64::*;
+
+        use super::float::float;
+        use super::*;
+
+        /// How 32 weight values meet 32 activations of one integer type.
+        trait Dot: ActInt {
+            /// 32 weight values as the dot wants them.
+            type W: Copy;
+            /// The 32 values of a 32-value block, signed where `signed`, in order.
+            unsafe fn weights32(v: __m256i, signed: bool) -> Self::W;
+            /// 32 unsigned values of a K-quant block; the first 16 take scale byte `lo` of `sc`, the last
+            /// 16 byte `hi` (see [`scale_bytes`]). Where `less32`, each value is taken less 32: Q6_K's
+            /// stored offset, which then needs no correction and halves the products' magnitude.
+            unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> Self::W;
+            /// Whether [`Dot::weights_k`] takes `less32`.
+            const LESS32: bool;
+            /// Partial sums of a run of chunks, kept apart until [`Dot::total`] where that saves adds.
+            type Acc: Copy;
+            const ZERO: Self::Acc;
+            /// How many products each i32 lane of an `Acc` gathers per chunk (the parts of an `Acc` meet
+            /// only in f32).
+            const PER_LANE: i32;
+            /// `acc` plus the 32 products with the activations at `q`.
+            unsafe fn dot_acc(w: Self::W, q: *const Self, acc: Self::Acc) -> Self::Acc;
+            /// How many i32 parts an `Acc` has.
+            const PARTS: i32;
+            /// Like [`Dot::dot_acc`], with every product gathered in the first part and the others left
+            /// as they are: fewer registers per row, each lane gathering `PARTS` times as many products.
+            unsafe fn dot_acc_one(w: Self::W, q: *const Self, acc: Self::Acc) -> Self::Acc;
+            /// Eight partial sums of everything `acc` gathered, in f32.
+            unsafe fn total(acc: Self::Acc) -> __m256;
+            /// [`Dot::total`] of an `acc` that only [`Dot::dot_acc_one`] added to.
+            unsafe fn total_one(acc: Self::Acc) -> __m256;
+            /// `v`, made to depend on `acc` (see [`after`]).
+            unsafe fn after(v: __m256i, acc: &Self::Acc) -> __m256i;
+
+            /// Eight partial sums of the 32 products with the activations at `q`, in f32.
+            #[inline(always)]
+            unsafe fn dot(w: Self::W, q: *const Self) -> __m256 {
+                Self::total(Self::dot_acc(w, q, Self::ZERO))
+            }
+        }
+
+        /// Unsigned bytes for `maddubs` or `dpbusd`, which multiply unsigned by signed: a signed
+        /// weight's sign moves onto its activation. A K-quant's scale multiplies the pair sums of
+        /// `maddubs` in `dpwssd`; a 32-value block, unscaled, takes `dpbusd`.
+        #[derive(Clone, Copy)]
+        struct Bytes {
+            v: __m256i,
+            sign: Option<__m256i>,
+            sc: Option<__m256i>,
+        }
+
+        impl Dot for i8 {
+            type W = Bytes;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights32(v: __m256i, signed: bool) -> Bytes {
+                match signed {
+                    true => Bytes { v: _mm256_sign_epi8(v, v), sign: Some(v), sc: None },
+                    false => Bytes { v, sign: None, sc: None },
+                }
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> Bytes {
+                debug_assert!(!less32, "maddubs takes unsigned weights");
+                // The scale byte in the high byte of each 16-bit lane, shifted down with its sign.
+                let sc = _mm256_srai_epi16(_mm256_shuffle_epi8(sc, spread(lo, hi, [false, true])), 8);
+                Bytes { v, sign: None, sc: Some(sc) }
+            }
+
+            const LESS32: bool = false;
+
+            type Acc = __m256i;
+            const ZERO: __m256i = unsafe { std::mem::transmute([0u8; 32]) };
+            const PER_LANE: i32 = 4;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc(w: Bytes, q: *const i8, acc: __m256i) -> __m256i {
+                let q = load(q as *const u8);
+                let q = w.sign.map_or(q, |s| _mm256_sign_epi8(q, s));
+                match w.sc {
+                    Some(sc) => $dpwssd(acc, _mm256_maddubs_epi16(w.v, q), sc),
+                    None => $dpbusd(acc, w.v, q),
+                }
+            }
+
+            const PARTS: i32 = 1;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc_one(w: Bytes, q: *const i8, acc: __m256i) -> __m256i {
+                Self::dot_acc(w, q, acc)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total(acc: __m256i) -> __m256 {
+                _mm256_cvtepi32_ps(acc)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total_one(acc: __m256i) -> __m256 {
+                Self::total(acc)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn after(v: __m256i, acc: &__m256i) -> __m256i {
+                after(v, *acc)
+            }
+        }
+
+        super::integer::integer_kernels!(@i16 $i16, $features, $dpwssd);
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn q32_rows<F: Block32, T: Dot, const R: usize>(w: &[u8], x: &[Act32<T>], out: &mut [f32]) {
+            let nb = w.len() / F::BYTES;
+            debug_assert_eq!(x.len(), R * nb);
+            let mut acc = [_mm256_setzero_ps(); R];
+            let mut mins = [0.0f32; R];
+            for b in 0..nb {
+                let p = w.as_ptr().add(b * F::BYTES);
+                prefetch(p.wrapping_add(PREFETCH_AHEAD), F::BYTES);
+                let (d, m) = f16x2(F::dm_bits(std::slice::from_raw_parts(p, 4)));
+                let m = F::min(d, m);
+                let v = T::weights32(values32::<F>(p), F::SIGNED);
+                for i in 0..R {
+                    let a = x.get_unchecked(i * nb + b);
+                    acc[i] = _mm256_fmadd_ps(T::dot(v, a.qs.as_ptr()), _mm256_set1_ps(d * a.d), acc[i]);
+                    if !F::SIGNED {
+                        mins[i] += m * a.s;
+                    }
+                }
+            }
+            for i in 0..R {
+                out[i] = hsum(acc[i]) + mins[i];
+            }
+        }
+
+        /// The K-quant kernel over many weight rows (see [`RowsFn`]), [`TILE_ROWS`] at a time. With more
+        /// than one activation row it runs over K in tiles that fit [`L1_ACTIVATIONS`], each tile taken by
+        /// every row of the group in turn, and prefetches weights two rows below, which it reads a little
+        /// later. A row's sums still gather block after block in one order, so results do not depend on
+        /// the tiling: a decode's and a batch's agree to the bit.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
+            let n = out.len() / R;
+            let nb = x.len() / R;
+            let row_bytes = nb * F::BYTES;
+            debug_assert!(nb > 0 && w.len() == n * row_bytes);
+            // One row's activations are read once per weight row alongside weights from memory, which
+            // bound a decode; tiling would only break up its weights' stream.
+            let tiles = if R == 1 { 1 } else { (R * nb * std::mem::size_of::<ActK<T>>()).div_ceil(L1_ACTIVATIONS) };
+            let tile = nb.div_ceil(tiles);
+            let ahead = if tile == nb { PREFETCH_AHEAD } else { 2 * row_bytes };
+            for (wg, og) in w.chunks(TILE_ROWS * row_bytes).zip(out.chunks_mut(TILE_ROWS * R)) {
+                let mut acc = [[_mm256_setzero_ps(); R]; TILE_ROWS];
+                let acc = &mut acc[..wg.len() / row_bytes];
+                for t0 in (0..nb).step_by(tile) {
+                    qk_tile::<F, T, R>(wg.as_ptr(), row_bytes, x, nb, t0..(t0 + tile).min(nb), ahead, acc);
+                }
+                for (acc, o) in acc.iter().zip(og.chunks_exact_mut(R)) {
+                    for i in 0..R {
+                        o[i] = hsum(acc[i]);
+                    }
+                }
+            }
+        }
+
+        /// For each weight row `j` from `w` on (`row_bytes` apart), adds its blocks `blocks` dotted with
+        /// each of the `R` activation rows (of `nb` blocks each) to `acc[j]`, prefetching weights `ahead`
+        /// bytes on. A function of its own: inlined into the tiling loops, the block loop lost registers
+        /// and spilled (llvm-mca, Q6_K at five rows: 105 cycles per block against 94).
+        #[inline(never)]
+        #[target_feature(enable = $features)]
+        unsafe fn qk_tile<F: BlockK, T: Dot, const R: usize>(
+            w: *const u8,
+            row_bytes: usize,
+            x: &[ActK<T>],
+            nb: usize,
+            blocks: std::ops::Range<usize>,
+            ahead: usize,
+            acc: &mut [[__m256; R]],
+        ) {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                *acc = qk_blocks::<F, T, R>(w.add(j * row_bytes), x, nb, blocks.clone(), ahead, *acc);
+            }
+        }
+
+        /// `acc` plus blocks `blocks` of weight row `w` dotted with each of the `R` activation rows.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn qk_blocks<F: BlockK, T: Dot, const R: usize>(
+            w: *const u8,
+            x: &[ActK<T>],
+            nb: usize,
+            blocks: std::ops::Range<usize>,
+            ahead: usize,
+            mut acc: [__m256; R],
+        ) -> [__m256; R] {
+            // Q6_K's values less their offset where the activations' type allows it.
+            let less32 = F::SIX && T::LESS32;
+            let max_w = F::max_product(less32);
+            // One sum per row where it lasts half a block without overflowing: with five rows, the
+            // parts' registers are what pushes the weights out to the stack.
+            let span_one = chunks_per_sum(T::PER_LANE * T::PARTS, max_w, T::MAX);
+            let one_part = span_one >= QK_K / 32 / 2;
+            let span = if one_part { span_one } else { chunks_per_sum(T::PER_LANE, max_w, T::MAX) };
+            for b in blocks {
+                let p = w.add(b * F::BYTES);
+                prefetch(p.wrapping_add(ahead), F::BYTES);
+                let s = scales::<F>(p);
+                let mut sums = [T::ZERO; R];
+                let mut sc = scale_bytes::<F>(p, s);
+                // Unrolled, so that each chunk's shifts and scale shuffles are constants.
+                chunks!(t => {
+                    let v = T::weights_k(chunk_k::<F>(p, t), sc, scale_at::<F>(t, 0), scale_at::<F>(t, 1), less32);
+                    for i in 0..R {
+                        let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
+                        sums[i] = if one_part { T::dot_acc_one(v, q, sums[i]) } else { T::dot_acc(v, q, sums[i]) };
+                        if R > 1 {
+                            sc = T::after(sc, &sums[i]);
+                        }
+                    }
+                    if (t + 1).is_multiple_of(span) {
+                        // The offsets' term joins the block's last sums: a.d * (d * sums - dc * Σ c * bsums).
+                        let offsets = (t + 1 == QK_K / 32 && !less32).then(|| Offsets::new::<F>(p, s));
+                        for i in 0..R {
+                            let a = x.get_unchecked(i * nb + b);
+                            let total = if one_part { T::total_one(sums[i]) } else { T::total(sums[i]) };
+                            let ad = _mm256_broadcast_ss(&a.d);
+                            acc[i] = match offsets {
+                                Some(c) => _mm256_fmadd_ps(_mm256_fmsub_ps(total, scale_d(s), c.dot::<F, T>(a)), ad, acc[i]),
+                                None => _mm256_fmadd_ps(total, _mm256_mul_ps(scale_d(s), ad), acc[i]),
+                            };
+                            sums[i] = T::ZERO;
+                        }
+                    }
+                });
+            }
+            acc
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn q32<F: Block32, T: Dot>(w: &[u8], x: &[Act32<T>], rows: usize, out: &mut [f32]) {
+            by_rows!(q32_rows::<F, T>(w, x, rows, out))
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn qk<F: BlockK, T: Dot>(w: &[u8], x: &[ActK<T>], rows: usize, out: &mut [f32]) {
+            by_rows!(all qk_rows::<F, T>(w, x, rows, out))
+        }
+
+        pub(crate) const KERNELS: Kernels = kernels!(q32, qk, Order::EvenOdd, |d| select!(float: d, float));
+    };
+    (@i16 narrow, $features:literal, $dpwssd:path) => {
+        /// 16-bit lanes for `dpwssd` with 16-bit activations.
+        impl Dot for i16 {
+            type W = [__m256i; 2];
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights32(v: __m256i, signed: bool) -> [__m256i; 2] {
+                let (lo, hi) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                match signed {
+                    true => [_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi)],
+                    false => [_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi)],
+                }
+            }
+
+            /// Widened and scaled at once by `maddubs` against the scale in every other byte: the values
+            /// at even positions, then those at odd positions ([`Order::EvenOdd`]).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> [__m256i; 2] {
+                let spread = |at| _mm256_shuffle_epi8(sc, spread(lo, hi, at));
+                let (even, odd) = (spread([true, false]), spread([false, true]));
+                let w = [_mm256_maddubs_epi16(v, even), _mm256_maddubs_epi16(v, odd)];
+                if !less32 {
+                    return w;
+                }
+                // 32 times each lane's scale: the odd spread holds it in the high byte, 256 times over.
+                let offset = _mm256_srai_epi16(odd, 3);
+                w.map(|w| _mm256_sub_epi16(w, offset))
+            }
+
+            const LESS32: bool = true;
+
+            /// The products of even and of odd positions gather apart, up to f32: two short chains of
+            /// adds rather than one through both `madd`s, each of half the magnitude.
+            type Acc = [__m256i; 2];
+            const ZERO: [__m256i; 2] = unsafe { std::mem::transmute([0u8; 64]) };
+            const PER_LANE: i32 = 2;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc(w: [__m256i; 2], q: *const i16, acc: [__m256i; 2]) -> [__m256i; 2] {
+                [
+                    $dpwssd(acc[0], w[0], load(q as *const u8)),
+                    $dpwssd(acc[1], w[1], load(q.add(16) as *const u8)),
+                ]
+            }
+
+            const PARTS: i32 = 2;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc_one(w: [__m256i; 2], q: *const i16, acc: [__m256i; 2]) -> [__m256i; 2] {
+                let even = $dpwssd(acc[0], w[0], load(q as *const u8));
+                [$dpwssd(even, w[1], load(q.add(16) as *const u8)), acc[1]]
+            }
+
+            /// With no sum to add to, the plain multiply-adds: a VNNI one would need a zeroed register.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot(w: [__m256i; 2], q: *const i16) -> __m256 {
+                let even = _mm256_madd_epi16(w[0], load(q as *const u8));
+                let odd = _mm256_madd_epi16(w[1], load(q.add(16) as *const u8));
+                _mm256_add_ps(_mm256_cvtepi32_ps(even), _mm256_cvtepi32_ps(odd))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total(acc: [__m256i; 2]) -> __m256 {
+                _mm256_add_ps(_mm256_cvtepi32_ps(acc[0]), _mm256_cvtepi32_ps(acc[1]))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total_one(acc: [__m256i; 2]) -> __m256 {
+                _mm256_cvtepi32_ps(acc[0])
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn after(v: __m256i, acc: &[__m256i; 2]) -> __m256i {
+                after(after(v, acc[0]), acc[1])
+            }
+        }
+    };
+    (@i16 wide, $features:literal, $dpwssd:path) => {
+        /// 16-bit activations on 512-bit vectors: the 32 weights of a chunk as one vector of 16-bit
+        /// lanes, met by one 64-byte load of activations and one `vpdpwssd` per row, where 256-bit
+        /// vectors take two of each. Lanes 0..8 hold what the narrow form's first part holds, lanes
+        /// 8..16 its second, and they meet as the narrow parts do, so both give the same bits.
+        impl Dot for i16 {
+            type W = __m512i;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights32(v: __m256i, signed: bool) -> __m512i {
+                match signed {
+                    true => _mm512_cvtepi8_epi16(v),
+                    false => _mm512_cvtepu8_epi16(v),
+                }
+            }
+
+            /// The even positions scaled in the low 256 bits and the odd ones in the high 256 bits
+            /// ([`Order::EvenOdd`]), by one `maddubs` of the values, in both halves, against the
+            /// scales spread as the narrow form spreads them.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> __m512i {
+                let spread = |at| _mm256_shuffle_epi8(sc, spread(lo, hi, at));
+                let (even, odd) = (spread([true, false]), spread([false, true]));
+                let scales = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(even), odd);
+                let w = _mm512_maddubs_epi16(_mm512_broadcast_i64x4(v), scales);
+                if !less32 {
+                    return w;
+                }
+                // 32 times each lane's scale: the odd spread holds it in the high byte, 256 times over.
+                let offset = _mm256_srai_epi16(odd, 3);
+                _mm512_sub_epi16(w, _mm512_broadcast_i64x4(offset))
+            }
+
+            const LESS32: bool = true;
+
+            type Acc = __m512i;
+            const ZERO: __m512i = unsafe { std::mem::transmute([0u8; 64]) };
+            const PER_LANE: i32 = 2;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc(w: __m512i, q: *const i16, acc: __m512i) -> __m512i {
+                _mm512_dpwssd_epi32(acc, w, _mm512_loadu_si512(q as *const _))
+            }
+
+            /// The two halves are the narrow form's two parts, joined in [`Dot::total_one`].
+            const PARTS: i32 = 2;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc_one(w: __m512i, q: *const i16, acc: __m512i) -> __m512i {
+                Self::dot_acc(w, q, acc)
+            }
+
+            /// With no sum to add to, the plain multiply-add: a VNNI one would need a zeroed register.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot(w: __m512i, q: *const i16) -> __m256 {
+                Self::total(_mm512_madd_epi16(w, _mm512_loadu_si512(q as *const _)))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total(acc: __m512i) -> __m256 {
+                let (even, odd) = (_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64::<1>(acc));
+                _mm256_add_ps(_mm256_cvtepi32_ps(even), _mm256_cvtepi32_ps(odd))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total_one(acc: __m512i) -> __m256 {
+                let (even, odd) = (_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64::<1>(acc));
+                _mm256_cvtepi32_ps(_mm256_add_epi32(even, odd))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn after(mut v: __m256i, acc: &__m512i) -> __m256i {
+                std::arch::asm!("/* {0} {1} */", inout(ymm_reg) v, in(zmm_reg) *acc, options(pure, nomem, nostack, preserves_flags));
+                v
+            }
+        }
+    };
+}
+pub(super) use integer_kernels;
