@@ -35,6 +35,23 @@ export function errorInfo(e) {
   return { code: 'internal', message: String(e?.message ?? e) };
 }
 
+/** Hold the Web Lock `name` until this worker ends, for whoever waits on it to learn of that
+ * (a worker that is closed, terminated or crashes sends no message). Resolves once it is held. */
+export function holdLock(name) {
+  if (!name || !globalThis.navigator?.locks) return Promise.resolve();
+  return new Promise((held) => {
+    navigator.locks.request(name, () => {
+      held();
+      return new Promise(() => {});
+    });
+  });
+}
+
+/** Call `then` once the worker holding the Web Lock `name` has ended. */
+export function whenLockFree(name, then) {
+  if (name && globalThis.navigator?.locks) navigator.locks.request(name, () => then());
+}
+
 const CHUNK = 1 << 22;
 
 /** Bytes of a model source, as a stream of Uint8Arrays with a known total when there is one. */
@@ -70,7 +87,10 @@ async function open(source, { cache, role }) {
     // Saved while it is read (a clone tees the stream), so the file is never buffered whole.
     if (store) saving = store.put(url, response.clone()).catch((e) => console.warn(`saguaro: not cached (${e.message})`));
   }
-  const length = Number(response.headers.get('content-length'));
+  // With a Content-Encoding (gzip, br), Content-Length counts the encoded bytes while the body
+  // reads decoded: the size is then unknown.
+  const encoding = response.headers.get('content-encoding');
+  const length = !encoding || encoding === 'identity' ? Number(response.headers.get('content-length')) : 0;
   return { total: length > 0 ? length : null, fromCache, saving, chunks: () => response.body };
 }
 
@@ -126,15 +146,17 @@ export function camel(v) {
   return v;
 }
 
-/** Load options as the wasm side takes them. */
+/** Load options as the wasm side takes them: all but those this package handles itself. The
+ * wasm side knows the option names and refuses any other (src/wasm/options.rs). */
 export function engineOptions(opts, modes) {
-  const out = { backend: opts.backend, draftBackend: opts.draftBackend, modes };
-  for (const k of ['context', 'specK', 'fanout', 'backup']) if (opts[k] !== undefined) out[k] = opts[k];
-  return out;
+  const { onProgress, cache, ...rest } = opts;
+  return { ...rest, modes };
 }
 
 export async function loadEngine(target, draft, opts, modes, onProgress) {
   await initWasm();
+  // Bad options fail before any model is downloaded.
+  WasmEngine.checkOptions(engineOptions(opts, modes));
   const t = await readModel(target, { role: 'target', onProgress, cache: opts.cache });
   const d = draft ? await readModel(draft, { role: 'draft', onProgress, cache: opts.cache }) : undefined;
   onProgress?.({ phase: 'upload', role: 'target', loaded: 0, total: 1 });
@@ -145,17 +167,15 @@ export async function loadEngine(target, draft, opts, modes, onProgress) {
 
 export async function loadDraft(source, opts, onProgress) {
   await initWasm();
+  WasmEngine.checkOptions(engineOptions(opts, []));
   const buf = await readModel(source, { role: 'draft', onProgress, cache: opts.cache });
   return WasmDraft.load(buf, engineOptions(opts, []));
 }
 
-const GENERATE_KEYS = ['mode', 'maxTokens', 'temperature', 'topK', 'topP', 'seed', 'specK', 'fanout', 'chat'];
-
-/** Run one generation; `onText(piece)` streams text, `aborted()` is polled once per round. */
+/** Run one generation; `onText(piece)` streams text, `aborted()` is polled once per round.
+ * `opts` go to the engine as given: it checks them. */
 export async function generate(engine, prompt, opts, onText, aborted) {
-  const o = {};
-  for (const k of GENERATE_KEYS) if (opts[k] !== undefined) o[k] = opts[k];
-  const result = await engine.generate(prompt, o, (piece, tokens) => {
+  const result = await engine.generate(prompt, opts, (piece, tokens) => {
     if (piece || tokens) onText?.(piece, tokens);
     return !aborted();
   });

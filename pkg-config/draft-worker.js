@@ -1,10 +1,12 @@
 // SSD's draft in its own Web Worker, on the wasm CPU backend: it speculates the next round while
 // the engine worker's target verifies this one, so the two really run at once. Jobs arrive on a
 // MessagePort from the engine worker and are answered strictly in order.
-import { errorInfo, loadDraft } from './core.js';
+import { errorInfo, holdLock, loadDraft } from './core.js';
 
 self.onmessage = async (e) => {
-  const { port, source, opts } = e.data;
+  const { port, source, opts, lock } = e.data;
+  // Held until this worker ends, however it ends: the engine worker waits on it to learn that.
+  await holdLock(lock);
   let draft;
   try {
     draft = await loadDraft(source, opts, (p) => self.postMessage({ type: 'progress', progress: p }));
@@ -13,10 +15,17 @@ self.onmessage = async (e) => {
     self.postMessage({ type: 'failed', error: errorInfo(err) });
     return;
   }
-  port.postMessage({ type: 'ready', info: draft.info() });
+  port.postMessage({ type: 'ready', info: draft.info(), lock });
   self.postMessage({ type: 'ready' });
+  // A sign of life between replies: the engine gives up on a draft silent for too long.
+  setInterval(() => port.postMessage('alive'), 1000);
   let queue = Promise.resolve();
   port.onmessage = (m) => {
+    // Not queued: it must reach the speculation that is running now.
+    if (m.data === 'interrupt') {
+      draft.interrupt();
+      return;
+    }
     queue = queue.then(async () => {
       try {
         port.postMessage(await draft.handle(m.data));

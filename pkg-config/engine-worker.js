@@ -1,21 +1,22 @@
 // The engine's Web Worker: the target (on WebGPU or the CPU) and, for SD or a GPU draft, the
 // draft too. The page's main thread only talks to it (index.js). SSD's CPU draft lives in a
 // second worker (draft-worker.js), reached through a MessagePort the page hands over.
-import { errorInfo, generate, loadEngine } from './core.js';
+import { errorInfo, generate, holdLock, loadEngine, whenLockFree } from './core.js';
 
 let engine = null;
+let running = null;
 const aborted = new Set();
 
 function post(msg) {
   self.postMessage(msg);
 }
 
-/** The draft worker's first message on the port: its model info, or why it failed. */
+/** The draft worker's first message on the port: its model info and lock, or why it failed. */
 function draftReady(port) {
   return new Promise((resolve, reject) => {
     port.onmessage = (e) => {
       port.onmessage = null;
-      if (e.data?.type === 'ready') resolve(e.data.info);
+      if (e.data?.type === 'ready') resolve(e.data);
       else reject(e.data?.error ?? { code: 'internal', message: 'the draft worker did not start' });
     };
   });
@@ -24,14 +25,21 @@ function draftReady(port) {
 async function handle(msg) {
   switch (msg.type) {
     case 'load': {
+      // Held until this worker ends: the page learns so from the lock, a crash sends no message.
+      await holdLock(msg.lock);
       const onProgress = (p) => post({ type: 'progress', id: msg.id, progress: p });
       const ready = msg.draftPort ? draftReady(msg.draftPort) : null;
       engine = await loadEngine(msg.target, msg.draft, msg.opts, msg.modes, onProgress);
-      if (ready) engine.attachDraft(msg.draftPort, await ready);
+      if (ready) {
+        const draft = await ready;
+        engine.attachDraft(msg.draftPort, draft.info);
+        whenLockFree(draft.lock, () => engine?.draftLost('it closed, crashed or was terminated'));
+      }
       return engine.info();
     }
     case 'generate': {
       if (!engine) throw { code: 'invalid_argument', message: 'no engine loaded' };
+      running = msg.id;
       try {
         return await generate(
           engine,
@@ -41,6 +49,7 @@ async function handle(msg) {
           () => aborted.has(msg.id),
         );
       } finally {
+        running = null;
         aborted.delete(msg.id);
       }
     }
@@ -57,6 +66,8 @@ self.onmessage = async (e) => {
   const msg = e.data;
   if (msg.type === 'abort') {
     aborted.add(msg.target);
+    // The draft's speculation stops now; the generation at its next round.
+    if (msg.target === running) engine?.interrupt();
     return;
   }
   try {

@@ -18,8 +18,10 @@ export type ErrorCode =
 /** Every failure is one of these, with a message that says what went wrong. */
 export declare class SaguaroError extends Error {
   readonly code: ErrorCode;
-  /** For `aborted`: what had been generated when the generation stopped, if anything. */
-  partial?: GenerateResult | null;
+  /** What a generation had produced when it stopped: for `aborted`, its result up to the stop
+   * (null when it never started); for a failure midway (e.g. `internal` when SSD's draft
+   * worker dies), the text streamed so far and how many tokens it holds. */
+  partial?: GenerateResult | { text: string; generated: number } | null;
 }
 
 export interface Progress {
@@ -44,17 +46,21 @@ export interface LoadOptions {
   context?: number;
   /** Draft tokens per round for SD/SSD (default 4). */
   specK?: number;
-  /** SSD fan-out: 'uniform:F', 'geometric' or 'top-p:P' (default 'uniform:2'). */
+  /** SSD fan-out: 'uniform:F', 'geometric', 'geometric:B' or 'top-p:P' (default 'uniform:3'). */
   fanout?: string;
   /** SSD on a cache miss: 'jit' (draft now, default) or 'fast' (verify the bonus token alone). */
   backup?: 'jit' | 'fast';
   /** Modes to prepare. Default: all three with a draft, ['ar'] without. */
   modes?: Mode[];
+  /** Draft SD's tokens by looking the text so far up in the prompt, with no draft model (use
+   * mode 'sd'; not with a `draft`). */
+  promptLookup?: boolean;
 }
 
 export interface GenerateOptions {
-  /** Default `info.defaultMode`: 'ssd' with a draft and the target on WebGPU; 'ar' with the target
-   * on the CPU, where target and draft share the cores and speculation measured slower. */
+  /** Default: the engine's own choice (`info.defaultMode`), made from the cost of each mode it
+   * measured at load and refined by the acceptance later generations see; with it the engine
+   * also picks K, and `stats.auto` says what it measured. */
   mode?: Mode;
   /** Upper bound on generated tokens (default 256). */
   maxTokens?: number;
@@ -70,7 +76,8 @@ export interface GenerateOptions {
   fanout?: string;
   /** Wrap a string prompt as a user message in the model's chat template. */
   chat?: boolean;
-  /** Stops the generation within one round; the promise rejects with code 'aborted'. */
+  /** Stops the generation at its next round (SSD's draft worker drops its speculation at once);
+   * the promise rejects with code 'aborted' and the result so far in `partial`. */
   signal?: AbortSignal;
   /** Called once per round with the new text (never half a character; may be empty when a
    * character is still incomplete) and the number of tokens the round added. */
@@ -105,6 +112,15 @@ export interface Stats {
   glueMsMean?: number;
   /** SD/SSD: one entry per round, times in ms from the start of decoding. */
   timeline?: RoundTimes[];
+  /** A generation without `mode`: the engine's choice and what it measured to make it. */
+  auto?: {
+    mode: Mode;
+    k: number;
+    expectedSpeedup: number;
+    /** Per-token acceptance assumed, refined after each speculative generation. */
+    acceptance: number;
+    costs: { decodeMs: number; verifyMs: [number, number][]; draftStepMs: number; parallel: boolean };
+  };
 }
 
 export interface RoundTimes {
@@ -170,9 +186,11 @@ export interface ChatCompletionChunk {
   usage?: ChatCompletion['usage'];
 }
 
+/** Leaving the loop early (`break`, `return`, a throw) aborts the generation. */
 export interface TextStream extends AsyncIterable<string> {
-  /** The whole result once the stream ends. */
-  result: Promise<GenerateResult | undefined>;
+  /** The whole result once the stream ends; rejects as the loop throws when the generation
+   * fails, and with 'aborted' when the loop was left early. */
+  result: Promise<GenerateResult>;
 }
 
 export declare class Saguaro {

@@ -1,7 +1,7 @@
 // saguaro-web: the public API. In a browser the engine runs in a dedicated Web Worker (the page's
 // main thread never computes) and SSD's CPU draft in a second one; in Node the same API runs
 // inline on the CPU backend.
-import { SaguaroError, errorInfo } from './core.js';
+import { SaguaroError, errorInfo, whenLockFree } from './core.js';
 
 export { SaguaroError };
 
@@ -17,6 +17,9 @@ function abortError(partial) {
 function fail(info) {
   return new SaguaroError(info.code, info.message);
 }
+
+/** OpenAI's finish_reason for ours ('cancelled' never gets here: it rejects as 'aborted'). */
+const FINISH_REASONS = { eos: 'stop', max_tokens: 'length', context_full: 'length' };
 
 /** Where a model comes from, in a form a worker can receive: a resolved URL string or a Blob. */
 function transferable(source, role) {
@@ -40,6 +43,8 @@ class Rpc {
   #worker;
   #next = 1;
   #calls = new Map();
+  /** Why the worker is gone, once it is. */
+  #lost = null;
 
   constructor(worker) {
     this.#worker = worker;
@@ -55,10 +60,14 @@ class Rpc {
         else call.reject(fail(m.error));
       }
     };
-    worker.onerror = (e) => {
-      for (const call of this.#calls.values()) call.reject(new SaguaroError('internal', `engine worker failed: ${e.message}`));
-      this.#calls.clear();
-    };
+    worker.onerror = (e) => this.lost(`engine worker failed: ${e.message}`);
+  }
+
+  /** The worker stopped: every call waiting on it, and every later one, fails. */
+  lost(message) {
+    this.#lost ??= message;
+    for (const call of this.#calls.values()) call.reject(new SaguaroError('internal', message));
+    this.#calls.clear();
   }
 
   call(msg, { onProgress, onText, transfer = [] } = {}) {
@@ -66,6 +75,7 @@ class Rpc {
     return {
       id,
       done: new Promise((resolve, reject) => {
+        if (this.#lost) return reject(new SaguaroError('internal', this.#lost));
         this.#calls.set(id, { resolve, reject, onProgress, onText });
         this.#worker.postMessage({ ...msg, id }, transfer);
       }),
@@ -77,6 +87,7 @@ class Rpc {
   }
 
   terminate() {
+    this.lost('the engine was disposed');
     this.#worker.terminate();
   }
 }
@@ -97,9 +108,12 @@ class WorkerEngine {
     const draft = models.draft ? transferable(models.draft, 'draft') : null;
     const remoteSsd = !!draft && modes.includes('ssd') && draftBackend === 'cpu';
     const localModes = modes.filter((m) => m === 'sd' || (m === 'ssd' && !remoteSsd));
-    const cfg = { ...opts, backend, draftBackend, onProgress: undefined };
+    const { onProgress, ...rest } = opts;
+    const cfg = { ...rest, backend, draftBackend };
     const worker = new Worker(new URL('./engine-worker.js', import.meta.url), { type: 'module', name: 'saguaro-engine' });
     const rpc = new Rpc(worker);
+    // Each worker holds a Web Lock while it lives; waiting on it is how its end is seen.
+    const lockId = `saguaro-${Math.random().toString(36).slice(2)}`;
     let draftWorker = null;
     let draftPort = null;
     const draftLoaded = [];
@@ -118,14 +132,18 @@ class WorkerEngine {
           draftWorker.onerror = (e) => reject(new SaguaroError('internal', `draft worker failed: ${e.message}`));
         }),
       );
-      draftWorker.postMessage({ port: channel.port2, source: draft, opts: { ...cfg, backend: 'cpu' } }, [channel.port2]);
+      draftWorker.postMessage({ port: channel.port2, source: draft, opts: { ...cfg, backend: 'cpu' }, lock: `${lockId}-draft` }, [channel.port2]);
     }
     try {
       const load = rpc.call(
-        { type: 'load', target, draft: localModes.length ? draft : null, opts: cfg, modes: localModes, draftPort },
+        { type: 'load', target, draft: localModes.length ? draft : null, opts: cfg, modes: localModes, draftPort, lock: `${lockId}-engine` },
         { onProgress: opts.onProgress, transfer: draftPort ? [draftPort] : [] },
       );
       const [info] = await Promise.all([load.done, ...draftLoaded]);
+      whenLockFree(`${lockId}-engine`, () => rpc.lost('the engine worker stopped (it closed or crashed): load the models again'));
+      // A draft worker that fails later is ended; the engine worker sees it go, and SSD fails
+      // rather than waits on it.
+      if (draftWorker) draftWorker.onerror = () => draftWorker.terminate();
       return new WorkerEngine(rpc, draftWorker, { ...info, backend, draftBackend: draft ? draftBackend : null, draftWorker: remoteSsd });
     } catch (e) {
       rpc.terminate();
@@ -164,7 +182,12 @@ class InlineEngine {
     if (opts.backend === 'gpu' || opts.draftBackend === 'gpu') throw new SaguaroError('no_webgpu', 'Node has no WebGPU: use backend "cpu"');
     const core = await import('./core.js');
     const local = modes.filter((m) => m !== 'ar');
-    const engine = await core.loadEngine(models.target, models.draft, { ...opts, backend: 'cpu', draftBackend: 'cpu' }, local, opts.onProgress);
+    let engine;
+    try {
+      engine = await core.loadEngine(models.target, models.draft, { ...opts, backend: 'cpu', draftBackend: 'cpu' }, local, opts.onProgress);
+    } catch (e) {
+      throw fail(errorInfo(e));
+    }
     return new InlineEngine(core, engine, { ...engine.info(), backend: 'cpu', draftBackend: models.draft ? 'cpu' : null, draftWorker: false });
   }
 
@@ -188,15 +211,6 @@ class InlineEngine {
   }
 }
 
-function checkOptions(opts, allowed, what) {
-  for (const k of Object.keys(opts)) {
-    if (!allowed.includes(k)) throw new SaguaroError('invalid_argument', `${what}: unknown option "${k}"`);
-  }
-}
-
-const LOAD_KEYS = ['backend', 'draftBackend', 'onProgress', 'cache', 'context', 'specK', 'fanout', 'backup', 'modes'];
-const GENERATE_KEYS = ['mode', 'maxTokens', 'temperature', 'topK', 'topP', 'seed', 'specK', 'fanout', 'chat', 'signal', 'onToken'];
-
 export class Saguaro {
   #impl;
   #queue = Promise.resolve();
@@ -206,15 +220,12 @@ export class Saguaro {
    */
   static async load(models, options = {}) {
     if (!models || models.target === undefined) throw new SaguaroError('invalid_argument', 'load: give at least { target }');
-    checkOptions(options, LOAD_KEYS, 'load');
+    // Other options pass through: the engine checks them against its one list of names.
     const modes = options.modes ?? (models.draft ? MODES : ['ar']);
     for (const m of modes) if (!MODES.includes(m)) throw new SaguaroError('invalid_argument', `modes: "${m}" is not ar, sd or ssd`);
+    // The engine measures what each mode costs on this machine and picks the default mode (and
+    // its K) itself; a generation without `mode` leaves the choice to it.
     const impl = isNode ? await InlineEngine.load(models, options, modes) : await WorkerEngine.load(models, options, modes);
-    // Speculation pays only when verifying costs little more than decoding and the draft has
-    // hardware of its own. With the target on the CPU, target and draft share the cores and SD/SSD
-    // measured slower than plain decoding (README, "In the browser"), so plain decoding is the
-    // default there; they stay one `mode` away.
-    if (impl.info.backend === 'cpu') impl.info.defaultMode = 'ar';
     return new Saguaro(impl);
   }
 
@@ -230,13 +241,26 @@ export class Saguaro {
 
   /** Generate from a prompt (a string, or {messages}); resolves to {text, tokens, promptTokens, finish, stats}. */
   generate(prompt, options = {}) {
-    checkOptions(options, GENERATE_KEYS, 'generate');
     const { signal, onToken, ...opts } = options;
     const run = async () => {
       if (!this.#impl) throw new SaguaroError('invalid_argument', 'the engine was disposed');
       if (signal?.aborted) throw abortError(null);
-      const result = await this.#impl.run(prompt, { ...opts, mode: opts.mode ?? this.#impl.info.defaultMode }, onToken, signal);
-      if (signal?.aborted && result.finish === 'cancelled') throw abortError(result);
+      let text = '';
+      let generated = 0;
+      const onText = (piece, tokens) => {
+        text += piece;
+        generated += tokens;
+        onToken?.(piece, tokens);
+      };
+      let result;
+      try {
+        result = await this.#impl.run(prompt, opts, onText, signal);
+      } catch (e) {
+        e.partial ??= { text, generated };
+        throw e;
+      }
+      // Only an abort cancels a generation.
+      if (result.finish === 'cancelled') throw abortError(result);
       return result;
     };
     // One generation at a time per engine; later calls wait their turn.
@@ -245,46 +269,61 @@ export class Saguaro {
     return p;
   }
 
-  /** The generated text as an async iterator of pieces (never half a character). */
+  /** The generated text as an async iterator of pieces (never half a character). Leaving the
+   * loop early (`break`, `return`, a throw) aborts the generation. */
   stream(prompt, options = {}) {
+    const { signal, ...opts } = options;
     const pieces = [];
     let wake = null;
     let finished = false;
     let failure = null;
-    const done = this.generate(prompt, {
-      ...options,
+    // Aborted by the caller's signal or by a consumer that stops iterating.
+    const stop = new AbortController();
+    const follow = () => stop.abort();
+    if (signal?.aborted) stop.abort();
+    else signal?.addEventListener('abort', follow, { once: true });
+    const result = this.generate(prompt, {
+      ...opts,
+      signal: stop.signal,
       onToken: (p, n) => {
-        options.onToken?.(p, n);
+        opts.onToken?.(p, n);
         if (!p) return;
         pieces.push(p);
         wake?.();
       },
-    }).then(
-      (r) => {
+    });
+    result.then(
+      () => {
         finished = true;
         wake?.();
-        return r;
       },
       (e) => {
         finished = true;
         failure = e;
         wake?.();
       },
-    );
+    ).finally(() => signal?.removeEventListener('abort', follow));
+    // `result` rejects when the generation fails; a caller who only iterates sees the error
+    // there, so it must not count as an unhandled rejection.
+    result.catch(() => {});
     return {
-      result: done,
+      result,
       async *[Symbol.asyncIterator]() {
-        for (;;) {
-          if (pieces.length) {
-            yield pieces.shift();
-            continue;
+        try {
+          for (;;) {
+            if (pieces.length) {
+              yield pieces.shift();
+              continue;
+            }
+            if (finished) {
+              if (failure) throw failure;
+              return;
+            }
+            await new Promise((r) => (wake = r));
+            wake = null;
           }
-          if (finished) {
-            if (failure) throw failure;
-            return;
-          }
-          await new Promise((r) => (wake = r));
-          wake = null;
+        } finally {
+          if (!finished) stop.abort();
         }
       },
     };
@@ -302,7 +341,7 @@ export class Saguaro {
       for (const s of stops) if (s && text.endsWith(s)) return text.slice(0, -s.length);
       return text;
     };
-    const reason = (finish) => (finish === 'eos' ? 'stop' : 'length');
+    const reason = (finish) => FINISH_REASONS[finish];
     const usage = (r) => ({ prompt_tokens: r.promptTokens, completion_tokens: r.tokens.length, total_tokens: r.promptTokens + r.tokens.length });
     if (!stream) {
       const r = await this.generate({ messages }, opts);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The browser package's tests: build pkg/, pack it, install the tarball into a fresh project and
 # run the Node tests there; run the library's wasm tests (simd128 kernels against the portable
-# ones) in headless Chromium; then the demo end to end in Chromium (WebGPU via SwiftShader).
+# ones) in headless Chromium; the engine and draft workers (abort, a dead draft) in Chromium; then
+# the demo end to end in Chromium (WebGPU via SwiftShader).
 # Needs models/ (scripts/fetch-models.sh) and Debian's chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,9 @@ cp tests/web/node.test.mjs tests/web/golden.mjs "$work/project/"
 
 echo "== wasm tests in headless Chromium"
 scripts/test-wasm.sh
+
+echo "== the two Web Workers in Chromium: abort, a dead draft worker"
+node tests/web/worker.mjs
 
 echo "== demo end to end in Chromium"
 node tests/web/e2e.mjs

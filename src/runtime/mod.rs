@@ -33,7 +33,13 @@ pub trait Service: 'static {
 /// The caller's end of a link to a service running elsewhere: jobs out, replies back in order.
 pub trait Channel<J, R> {
     fn send(&mut self, job: J) -> Result<()>;
+    /// The next reply. Fails, rather than waits forever, once the far side has stopped or gone
+    /// silent, and from then on at once.
     fn recv(&mut self) -> LocalBoxFuture<'_, Result<R>>;
+    /// Ask the far side to cut short the job it is running and those queued behind it: their
+    /// replies still come, sooner. A thread or inline service shares its caller's memory and is
+    /// told through it instead.
+    fn interrupt(&mut self);
 }
 
 /// A handle to a service running on a worker. Jobs are handled in the order they are sent; every
@@ -142,6 +148,13 @@ impl<J: Send + 'static, R: Send + 'static> Worker<J, R> {
                 self.in_flight -= 1;
                 reply
             }
+        }
+    }
+
+    /// Ask a remote service to cut its jobs in flight short (see [`Channel::interrupt`]).
+    pub fn interrupt(&mut self) {
+        if let Place::Remote(channel) = &mut self.place {
+            channel.interrupt();
         }
     }
 

@@ -2,11 +2,11 @@
 //! [`Channel`], and the event-loop turns a long CPU generation needs so that an abort message
 //! (or the draft's replies) can be received at all.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use futures::channel::mpsc;
-use futures::future::LocalBoxFuture;
+use futures::future::{select, Either, LocalBoxFuture};
 use futures::StreamExt;
 use js_sys::{Function, Promise};
 use serde::{Deserialize, Serialize};
@@ -55,29 +55,101 @@ impl WireReply {
     }
 }
 
+/// Longest the draft worker may stay silent while a reply is awaited before the engine gives it
+/// up. It says it is alive every second (draft-worker.js), but a single forward (a long
+/// prompt's prefill) holds its event loop until it ends.
+const SILENCE: Duration = Duration::from_secs(60);
+/// How often a pending reply checks that silence.
+const CHECK_MS: i32 = 1000;
+/// Sent by the draft worker between its replies.
+const ALIVE: &str = "alive";
+/// Sent to the draft worker: cut the speculation short (see [`Channel::interrupt`]).
+const INTERRUPT: &str = "interrupt";
+
+/// What the engine knows of the draft worker at the far end of the port. The channel reads it;
+/// [`DraftLink`] reaches it while a generation holds the channel.
+struct Link {
+    replies: mpsc::UnboundedSender<Result<Reply<RelSpan>>>,
+    heard: Cell<Instant>,
+    lost: RefCell<Option<String>>,
+}
+
+impl Link {
+    /// The draft worker is gone: the reply awaited now, and every later call, fails.
+    fn lose(&self, why: String) {
+        if self.lost.borrow().is_some() {
+            return;
+        }
+        *self.lost.borrow_mut() = Some(why.clone());
+        let _ = self.replies.unbounded_send(Err(Error::Worker(why)));
+    }
+
+    fn error(&self) -> Option<Error> {
+        self.lost.borrow().clone().map(Error::Worker)
+    }
+}
+
+/// The engine's hold on its draft worker from outside a generation, which owns the channel.
+pub struct DraftLink {
+    port: MessagePort,
+    link: Rc<Link>,
+}
+
+impl DraftLink {
+    /// Cut the draft's speculation short now, ahead of the jobs queued on the port.
+    pub fn interrupt(&self) {
+        let _ = self.port.post_message(&INTERRUPT.into());
+    }
+
+    /// The draft worker stopped (`why`): the generation waiting on it ends with an `internal`
+    /// error that says so.
+    pub fn lose(&self, why: &str) {
+        self.link.lose(format!("the draft worker stopped: {why}"));
+    }
+}
+
 /// The engine's end of the port to a [`super::WasmDraft`].
 pub struct PortChannel {
     port: MessagePort,
+    link: Rc<Link>,
     replies: mpsc::UnboundedReceiver<Result<Reply<RelSpan>>>,
     _on_message: Closure<dyn FnMut(MessageEvent)>,
+    _on_message_error: Closure<dyn FnMut(MessageEvent)>,
 }
 
 impl PortChannel {
-    pub fn new(port: MessagePort) -> Self {
+    pub fn new(port: MessagePort) -> (Self, DraftLink) {
         let (tx, replies) = mpsc::unbounded();
+        let link = Rc::new(Link { replies: tx, heard: Cell::new(Instant::now()), lost: RefCell::new(None) });
+        let l = link.clone();
         let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |ev: MessageEvent| {
-            let reply = serde_wasm_bindgen::from_value::<WireReply>(ev.data())
+            l.heard.set(Instant::now());
+            let data = ev.data();
+            if data.as_string().as_deref() == Some(ALIVE) {
+                return;
+            }
+            let reply = serde_wasm_bindgen::from_value::<WireReply>(data)
                 .map_err(|e| Error::Worker(format!("unreadable reply from the draft worker: {e}")))
                 .and_then(WireReply::into_result);
-            let _ = tx.unbounded_send(reply);
+            let _ = l.replies.unbounded_send(reply);
         });
         port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-        PortChannel { port, replies, _on_message: on_message }
+        // A reply that cannot be received leaves every later one answering the wrong job.
+        let l = link.clone();
+        let on_message_error = Closure::<dyn FnMut(MessageEvent)>::new(move |_: MessageEvent| {
+            l.lose("a reply from the draft worker could not be received".into());
+        });
+        port.set_onmessageerror(Some(on_message_error.as_ref().unchecked_ref()));
+        let handle = DraftLink { port: port.clone(), link: link.clone() };
+        (PortChannel { port, link, replies, _on_message: on_message, _on_message_error: on_message_error }, handle)
     }
 }
 
 impl Channel<Job, Reply<RelSpan>> for PortChannel {
     fn send(&mut self, job: Job) -> Result<()> {
+        if let Some(e) = self.link.error() {
+            return Err(e);
+        }
         let v = job
             .serialize(&serde_wasm_bindgen::Serializer::json_compatible())
             .map_err(|e| Error::Worker(format!("cannot encode a draft job: {e}")))?;
@@ -86,16 +158,48 @@ impl Channel<Job, Reply<RelSpan>> for PortChannel {
 
     fn recv(&mut self) -> LocalBoxFuture<'_, Result<Reply<RelSpan>>> {
         Box::pin(async move {
-            self.replies.next().await.unwrap_or_else(|| Err(Error::Worker("the draft worker has stopped".into())))
+            if let Some(e) = self.link.error() {
+                return Err(e);
+            }
+            let mut next = self.replies.next();
+            loop {
+                match select(next, Box::pin(sleep(CHECK_MS))).await {
+                    Either::Left((reply, _)) => {
+                        return reply.unwrap_or_else(|| Err(Error::Worker("the draft worker has stopped".into())))
+                    }
+                    Either::Right((_, pending)) => {
+                        if self.link.heard.get().elapsed() > SILENCE {
+                            self.link.lose(format!("the draft worker has not answered for {} s", SILENCE.as_secs()));
+                        }
+                        next = pending;
+                    }
+                }
+            }
         })
+    }
+
+    fn interrupt(&mut self) {
+        let _ = self.port.post_message(&INTERRUPT.into());
     }
 }
 
 impl Drop for PortChannel {
     fn drop(&mut self) {
         self.port.set_onmessage(None);
+        self.port.set_onmessageerror(None);
         self.port.close();
     }
+}
+
+/// Resolves after `ms` milliseconds (`setTimeout`, in a window, a worker or Node).
+async fn sleep(ms: i32) {
+    let promise = Promise::new(&mut |resolve, _| {
+        let global = js_sys::global();
+        if let Ok(set_timeout) = js_sys::Reflect::get(&global, &"setTimeout".into()).and_then(|f| f.dyn_into::<Function>()) {
+            let _ = set_timeout.call2(&global, &resolve, &ms.into());
+        }
+    });
+    let _ = JsFuture::from(promise).await;
 }
 
 /// How long a computation may hold the event loop before it yields a turn.

@@ -13,7 +13,8 @@ mod options;
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
 
 use js_sys::{Function, Promise};
 use serde::Serialize;
@@ -105,14 +106,80 @@ impl ModelBuffer {
     }
 }
 
+thread_local! {
+    /// The message of the panic that stopped this wasm instance, if one did.
+    static PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Record a panic, print it, and close the worker it happened in. On wasm32 a panic aborts the
+/// call midway, so the state it was changing cannot be trusted, and the promise of that call may
+/// never settle: the worker goes away, which the side holding its lock (index.js for the engine
+/// worker, engine-worker.js for the draft worker) sees at once. In Node, later calls fail.
+fn install_panic_hook() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let msg = info.to_string();
+            let global = js_sys::global();
+            let call = |obj: &JsValue, name: &str, arg: &JsValue| {
+                if let Ok(f) = js_sys::Reflect::get(obj, &name.into()).and_then(|f| f.dyn_into::<Function>()) {
+                    let _ = f.call1(obj, arg);
+                }
+            };
+            if let Ok(console) = js_sys::Reflect::get(&global, &"console".into()) {
+                call(&console, "error", &format!("saguaro: {msg}").into());
+            }
+            PANIC.with(|p| *p.borrow_mut() = Some(msg));
+            if js_sys::Reflect::has(&global, &"WorkerGlobalScope".into()).unwrap_or(false) {
+                call(&global, "close", &JsValue::UNDEFINED);
+            }
+        }));
+    });
+}
+
+/// A value that an async call takes out for its whole run and puts back after: no `RefCell`
+/// borrow is held across an `await`, where a panic would leave it taken for good.
+struct Held<T>(Rc<RefCell<Option<T>>>);
+
+impl<T> Clone for Held<T> {
+    fn clone(&self) -> Self {
+        Held(self.0.clone())
+    }
+}
+
+impl<T> Held<T> {
+    fn new(v: T) -> Self {
+        Held(Rc::new(RefCell::new(Some(v))))
+    }
+
+    fn take(&self) -> Result<T, JsValue> {
+        self.0.borrow_mut().take().ok_or_else(unavailable)
+    }
+
+    fn put(&self, v: T) {
+        *self.0.borrow_mut() = Some(v);
+    }
+
+    /// Run `f` on the value now (a call that does not await).
+    fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Result<R, JsValue> {
+        self.0.borrow_mut().as_mut().map(f).ok_or_else(unavailable)
+    }
+}
+
+/// Why the value is not there: a call is running, or a panic ended one midway.
+fn unavailable() -> JsValue {
+    match PANIC.with(|p| p.borrow().clone()) {
+        Some(msg) => js_error_with("internal", &format!("the engine stopped at an internal error ({msg}): load it again")),
+        None => js_error_with("invalid_argument", "the engine is busy with another call: await it (or abort it) first"),
+    }
+}
+
 /// The engine as JS holds it. Calls that compute return Promises; one runs at a time.
 #[wasm_bindgen]
 pub struct WasmEngine {
-    engine: Rc<RefCell<Engine>>,
-}
-
-fn busy() -> JsValue {
-    js_error_with("invalid_argument", "the engine is busy with another call: await it (or abort it) first")
+    engine: Held<Engine>,
+    /// The SSD draft's worker, once one is attached.
+    draft: RefCell<Option<channel::DraftLink>>,
 }
 
 #[wasm_bindgen]
@@ -120,6 +187,7 @@ impl WasmEngine {
     /// Place the models. `opts`: {backend, draftBackend, context, specK, fanout, modes}
     /// (see pkg-config/index.d.ts). Resolves to a `WasmEngine`.
     pub fn load(target: ModelBuffer, draft: Option<ModelBuffer>, opts: JsValue) -> Promise {
+        install_panic_hook();
         future_to_promise(async move {
             let opts: LoadOpts = options::parse(opts)?;
             let engine_opts = opts.engine_options()?;
@@ -130,8 +198,15 @@ impl WasmEngine {
             })
             .await
             .map_err(|e| js_error(&e))?;
-            Ok(WasmEngine { engine: Rc::new(RefCell::new(engine)) }.into())
+            Ok(WasmEngine { engine: Held::new(engine), draft: RefCell::new(None) }.into())
         })
+    }
+
+    /// Check load options (as [`WasmEngine::load`] takes them) before any model is fetched.
+    #[wasm_bindgen(js_name = checkOptions)]
+    pub fn check_options(opts: JsValue) -> Result<(), JsValue> {
+        let opts: LoadOpts = options::parse(opts)?;
+        opts.engine_options().map(drop)
     }
 
     /// Use the draft answering on `port` (a [`WasmDraft`] in another worker) for SSD. `info` is
@@ -140,23 +215,44 @@ impl WasmEngine {
     pub fn attach_draft(&self, port: MessagePort, info: JsValue) -> Result<(), JsValue> {
         let info: options::DraftInfo = options::parse(info)?;
         let config = info.config.ok_or_else(|| js_error_with("invalid_argument", "attachDraft: the draft's info has no config"))?;
-        let worker = DraftWorker::remote(Box::new(channel::PortChannel::new(port)), config);
-        let mut engine = self.engine.try_borrow_mut().map_err(|_| busy())?;
-        engine.set_ssd_draft(worker, &info.vocab).map_err(|e| js_error(&e))
+        let (channel, link) = channel::PortChannel::new(port);
+        let worker = DraftWorker::remote(Box::new(channel), config);
+        self.engine.with(|e| e.set_ssd_draft(worker, &info.vocab)).and_then(|r| r.map_err(|e| js_error(&e)))?;
+        *self.draft.borrow_mut() = Some(link);
+        Ok(())
+    }
+
+    /// An abort: cut the draft worker's speculation short now, rather than when the generation
+    /// next reaches it. (The generation itself stops when `on_text` next returns `false`.)
+    pub fn interrupt(&self) {
+        if let Some(link) = &*self.draft.borrow() {
+            link.interrupt();
+        }
+    }
+
+    /// The draft worker is gone (`why`): a generation waiting on it fails (code `internal`), and
+    /// so does SSD from then on.
+    #[wasm_bindgen(js_name = draftLost)]
+    pub fn draft_lost(&self, why: &str) {
+        if let Some(link) = &*self.draft.borrow() {
+            link.lose(why);
+        }
     }
 
     /// What was loaded: {targetBackend, hasDraft, defaultMode, vocabSize, contextLength}.
     pub fn info(&self) -> Result<JsValue, JsValue> {
-        let engine = self.engine.try_borrow().map_err(|_| busy())?;
-        let c = engine.target_config();
-        to_js(&options::EngineInfo {
-            target_backend: engine.target_backend(),
-            has_draft: engine.has_draft(),
-            default_mode: engine.default_mode().to_string(),
-            vocab_size: c.vocab_size,
-            context_length: c.context_length,
-            stop_texts: engine.tokenizer().eos_ids().iter().filter_map(|&id| engine.tokenizer().id_to_token(id)).collect(),
-        })
+        let info = self.engine.with(|engine| {
+            let c = engine.target_config();
+            options::EngineInfo {
+                target_backend: engine.target_backend(),
+                has_draft: engine.has_draft(),
+                default_mode: engine.default_mode().to_string(),
+                vocab_size: c.vocab_size,
+                context_length: c.context_length,
+                stop_texts: engine.tokenizer().eos_ids().iter().filter_map(|&id| engine.tokenizer().id_to_token(id)).collect(),
+            }
+        })?;
+        to_js(&info)
     }
 
     /// Generate. `prompt`: a string, or {messages: [{role, content}]}; `opts`: {mode, maxTokens,
@@ -170,9 +266,9 @@ impl WasmEngine {
             let opts: GenerateOpts = options::parse(opts)?;
             let prompt = options::prompt(prompt, opts.chat)?;
             let gen_opts = opts.generate_options()?;
-            let mut engine = engine.try_borrow_mut().map_err(|_| busy())?;
+            let mut held = engine.take()?;
             let mut callback_error = None;
-            let completion = engine
+            let completion = held
                 .generate(&prompt, &gen_opts, &mut |piece, n| match on_text.call2(&JsValue::NULL, &piece.into(), &(n as u32).into()) {
                     Ok(v) => v.as_bool() != Some(false),
                     Err(e) => {
@@ -180,8 +276,9 @@ impl WasmEngine {
                         false
                     }
                 })
-                .await
-                .map_err(|e| js_error(&e))?;
+                .await;
+            engine.put(held);
+            let completion = completion.map_err(|e| js_error(&e))?;
             if let Some(e) = callback_error {
                 return Err(e);
             }
@@ -193,7 +290,9 @@ impl WasmEngine {
 /// SSD's draft model in its own worker.
 #[wasm_bindgen]
 pub struct WasmDraft {
-    host: Rc<RefCell<DraftHost>>,
+    host: Held<DraftHost>,
+    /// The host's abandon flag, set by [`WasmDraft::interrupt`] while a job holds the host.
+    abandon: Arc<AtomicBool>,
     vocab: String,
 }
 
@@ -201,6 +300,7 @@ pub struct WasmDraft {
 impl WasmDraft {
     /// Load the draft on the CPU (or `opts.backend` "gpu"). Resolves to a `WasmDraft`.
     pub fn load(model: ModelBuffer, opts: JsValue) -> Promise {
+        install_panic_hook();
         future_to_promise(async move {
             let opts: LoadOpts = options::parse(opts)?;
             let engine_opts = opts.engine_options()?;
@@ -208,14 +308,23 @@ impl WasmDraft {
             let capacity = Engine::capacity(&file.weights.config, &engine_opts);
             let lm = engine_opts.draft.runner(&file.weights, capacity).await.map_err(|e| js_error(&e))?;
             let vocab = file.tokenizer.vocab_fingerprint();
-            Ok(WasmDraft { host: Rc::new(RefCell::new(DraftHost::new(lm))), vocab }.into())
+            // Turns of the event loop between forwards let an interrupt arrive mid-tree.
+            let host = DraftHost::new(Box::new(channel::yielding(lm)));
+            let abandon = host.abandon_flag();
+            Ok(WasmDraft { host: Held::new(host), abandon, vocab }.into())
         })
+    }
+
+    /// Cut the speculation in progress short: the engine's generation ended or was aborted.
+    /// Jobs already queued run their cheap parts only, until the next generation starts.
+    pub fn interrupt(&self) {
+        self.abandon.store(true, Ordering::Relaxed);
     }
 
     /// {config, vocab}: what the engine checks before it accepts this draft.
     pub fn info(&self) -> Result<JsValue, JsValue> {
-        let host = self.host.try_borrow().map_err(|_| busy())?;
-        to_js(&options::DraftInfo { config: Some(host.config().clone()), vocab: self.vocab.clone() })
+        let config = self.host.with(|h| h.config().clone())?;
+        to_js(&options::DraftInfo { config: Some(config), vocab: self.vocab.clone() })
     }
 
     /// Answer one job from the engine: resolves to {ok: reply} or {error: {code, message}}.
@@ -224,8 +333,9 @@ impl WasmDraft {
         future_to_promise(async move {
             let job: Job = serde_wasm_bindgen::from_value(job)
                 .map_err(|e| js_error_with("internal", &format!("unreadable draft job: {e}")))?;
-            let mut host = host.try_borrow_mut().map_err(|_| busy())?;
-            let reply = host.handle(job).await;
+            let mut held = host.take()?;
+            let reply = held.handle(job).await;
+            host.put(held);
             to_js(&channel::WireReply::from(reply))
         })
     }

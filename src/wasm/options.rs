@@ -17,12 +17,18 @@ fn invalid(msg: String) -> JsValue {
     js_error_with("invalid_argument", &msg)
 }
 
-/// Read a JS value (`undefined` and `null` mean "all defaults").
+/// Read a JS value (`undefined` and `null` mean "all defaults"). It goes through JSON because
+/// serde-wasm-bindgen reads a struct's fields by name and never sees the other keys of an
+/// object: these structs' `deny_unknown_fields` is the one list of option names, for JS too.
 pub fn parse<T: DeserializeOwned + Default>(v: JsValue) -> Result<T, JsValue> {
     if v.is_undefined() || v.is_null() {
         return Ok(T::default());
     }
-    serde_wasm_bindgen::from_value(v).map_err(|e| invalid(format!("options: {e}")))
+    let json = js_sys::JSON::stringify(&v)
+        .ok()
+        .and_then(|s| s.as_string())
+        .ok_or_else(|| invalid("options: expected a plain object".into()))?;
+    serde_json::from_str(&json).map_err(|e| invalid(format!("options: {e}")))
 }
 
 #[derive(Default, Deserialize)]

@@ -1,9 +1,12 @@
 // The packed npm package in Node, installed into a fresh project (scripts/test-web.sh does that
 // and runs this file there): SmolLM2 from bytes on the CPU backend, AR and SSD against the golden
-// greedy ids, streaming, the chat API, abort and errors.
+// greedy ids, streaming (and leaving a stream early), the chat API, abort, errors, options only the
+// engine knows, and a model served gzip-encoded.
 // Usage: node node.test.mjs MODELS_DIR   (cwd: a project with saguaro-web installed)
 import { readFile } from 'node:fs/promises';
+import { createServer } from 'node:http';
 import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
 import { Saguaro } from 'saguaro-web';
 import { check, golden, greedyMismatch } from './golden.mjs';
 
@@ -23,18 +26,57 @@ check(ar.promptTokens === g.prompt_ids.length, 'prompt tokens match the referenc
 const ssd = await engine.generate(g.prompt, { mode: 'ssd', maxTokens: n });
 check(JSON.stringify(ssd.tokens) === JSON.stringify(ar.tokens) && ssd.text === ar.text, 'SSD equals AR token for token');
 // The draft computes at fast precision, so even drafting for itself a few proposals differ.
-check(ssd.stats.mode === 'ssd' && ssd.stats.acceptanceRate > 0.5 && ssd.stats.timeline.length === ssd.stats.rounds,
-  `SSD stats: a self-draft is mostly accepted (${ssd.stats.acceptanceRate}), one timeline entry per round`);
+check(ssd.stats.mode === 'ssd' && ssd.stats.acceptanceRate > 0.5, `SSD stats: a self-draft is mostly accepted (${ssd.stats.acceptanceRate})`);
+// Each round commits its accepted tokens and one of the target's (the last round may be cut at
+// maxTokens); the first token comes from the prefill. Verifies follow one another in time.
+const tl = ssd.stats.timeline;
+const committed = tl.reduce((sum, r) => sum + r.accepted + 1, 0);
+const lastCommit = tl[tl.length - 1].accepted + 1;
+check(tl.every((r) => r.accepted <= r.proposed) && committed >= n - 1 && committed - lastCommit < n - 1,
+  `SSD timeline: its rounds commit the ${n - 1} tokens after the prefill's (${committed}, the last ${lastCommit})`);
+check(tl.every((r, i) => r.verify[0] <= r.verify[1] && (i === 0 || tl[i - 1].verify[1] <= r.verify[0])) && tl[tl.length - 1].verify[1] <= ssd.stats.decodeMs + 1,
+  'SSD timeline: the verifies follow one another within the decode time');
 console.log(`metrics: node wasm CPU (1 thread): AR ${ar.stats.tokensPerS.toFixed(1)} tok/s, SSD ${ssd.stats.tokensPerS.toFixed(1)} tok/s (draft inline)`);
 const sd = await engine.generate(g.prompt, { mode: 'sd', maxTokens: n });
 check(JSON.stringify(sd.tokens) === JSON.stringify(ar.tokens), 'SD equals AR token for token');
 console.log(`metrics: node wasm CPU (1 thread): SD ${sd.stats.tokensPerS.toFixed(1)} tok/s`);
-check(engine.info.defaultMode === 'ar', `on the CPU the default mode is plain decoding (${engine.info.defaultMode})`);
+// The engine measured the modes at load and chose; the package passes its choice through.
+const chosen = await engine.generate(g.prompt, { maxTokens: n });
+check(chosen.stats.mode === engine.info.defaultMode && chosen.stats.auto?.mode === engine.info.defaultMode,
+  `without a mode, the generation runs in the engine's measured choice (${engine.info.defaultMode}, stats ${chosen.stats.mode})`);
 
 let streamed = '';
 const s = engine.stream(g.prompt, { mode: 'ssd', maxTokens: n });
 for await (const piece of s) streamed += piece;
 check(streamed === ar.text, 'stream() pieces concatenate to the text');
+
+// Leaving a stream early aborts its generation: it does not run on to maxTokens, and the engine
+// is free at once for the next call.
+const long = engine.stream(g.prompt, { mode: 'ssd', maxTokens: 400 });
+for await (const piece of long) if (piece) break;
+let left = null;
+try {
+  await long.result;
+} catch (e) {
+  left = e;
+}
+check(left?.code === 'aborted' && left.partial?.finish === 'cancelled' && left.partial.tokens.length < 50,
+  `break out of stream() aborts the generation (${left?.code}, ${left?.partial?.tokens.length} tokens)`);
+const t0 = performance.now();
+const next = await engine.generate(g.prompt, { mode: 'ar', maxTokens: 4 });
+check(next.tokens.length === 4, `the next generation runs at once (${(performance.now() - t0).toFixed(0)} ms)`);
+
+// A stream whose generation fails throws from the loop, and its result rejects.
+const failing = engine.stream(g.prompt, { temperature: -1 });
+let thrown = null;
+try {
+  for await (const piece of failing) streamed += piece;
+} catch (e) {
+  thrown = e.code;
+}
+let rejected = null;
+await failing.result.catch((e) => (rejected = e.code));
+check(thrown === 'invalid_argument' && rejected === 'invalid_argument', `a failed stream throws and its result rejects (${thrown}, ${rejected})`);
 
 // Abort after the first round; the next generation is exactly a fresh one.
 const ctrl = new AbortController();
@@ -48,14 +90,18 @@ check(code === 'aborted', `abort rejects with code aborted (${code})`);
 const again = await engine.generate(g.prompt, { mode: 'ssd', maxTokens: n });
 check(JSON.stringify(again.tokens) === JSON.stringify(ar.tokens), 'after an abort the engine gives what a fresh one gives');
 
-const chat = await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hi.' }], max_tokens: 12 });
-check(chat.object === 'chat.completion' && typeof chat.choices[0].message.content === 'string', 'chat.completions.create');
-check(!chat.choices[0].message.content.includes('<|im_end|>'), 'chat content leaves the stop token out');
+const chat = await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hi.' }], max_tokens: 48 });
+const reply = chat.choices[0];
+check(chat.object === 'chat.completion' && reply.finish_reason === 'stop' && reply.message.content.length > 0,
+  `chat.completions.create: the reply ends at the stop token (${reply.finish_reason}: ${JSON.stringify(reply.message.content)})`);
+check(!reply.message.content.includes('<|im_end|>'), 'chat content leaves the stop token out');
 let chunks = '';
-for await (const c of await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hi.' }], max_tokens: 12, stream: true })) {
+let finishReason = null;
+for await (const c of await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hi.' }], max_tokens: 48, stream: true })) {
   chunks += c.choices[0].delta.content ?? '';
+  finishReason = c.choices[0].finish_reason ?? finishReason;
 }
-check(chunks === chat.choices[0].message.content, 'streamed chat chunks equal the non-streamed reply');
+check(chunks === reply.message.content && finishReason === 'stop', 'streamed chat chunks equal the non-streamed reply, and it ends with stop');
 
 const rejects = async (p, want, what) => {
   let got = null;
@@ -73,8 +119,32 @@ await rejects(engine.generate(g.prompt, { maxTokens: 0 }), 'invalid_argument', '
 await rejects(Saguaro.load({ target: bytes.subarray(0, 4096) }), 'bad_model', 'truncated model');
 await rejects(Saguaro.load({ target: new Uint8Array(1000) }), 'bad_model', 'not a GGUF file');
 await rejects(Saguaro.load({ target: bytes }, { backend: 'gpu' }), 'no_webgpu', 'GPU in Node');
+await rejects(Saguaro.load({ target: bytes }, { specKay: 3 }), 'invalid_argument', 'an unknown load option');
+await rejects(engine.generate(g.prompt, { maxToken: 3 }), 'invalid_argument', 'an unknown generate option');
 const after = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
 check(JSON.stringify(after.tokens) === JSON.stringify(ar.tokens), 'the engine still works after errors');
 await engine.dispose();
 await rejects(engine.generate(g.prompt), 'invalid_argument', 'generate after dispose');
+
+// An option only the engine lists reaches it: prompt lookup drafts SD from the prompt itself.
+const lookup = await Saguaro.load({ target: bytes }, { promptLookup: true });
+const looked = await lookup.generate(g.prompt, { mode: 'sd', maxTokens: n });
+check(JSON.stringify(looked.tokens) === JSON.stringify(ar.tokens) && looked.stats.mode === 'sd', 'promptLookup: SD by prompt lookup equals AR');
+await lookup.dispose();
+
+// A server that compresses the model: Content-Length is then the gzip size, not the file's.
+const gz = gzipSync(bytes, { level: 1 });
+const server = createServer((req, res) => {
+  res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-encoding': 'gzip', 'content-length': gz.length });
+  res.end(gz);
+});
+await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+try {
+  const served = await Saguaro.load({ target: `http://127.0.0.1:${server.address().port}/model.gguf` });
+  const fromGzip = await served.generate(g.prompt, { mode: 'ar', maxTokens: n });
+  check(JSON.stringify(fromGzip.tokens) === JSON.stringify(ar.tokens), `a gzip-encoded download (${gz.length} of ${bytes.length} bytes) loads the same model`);
+  await served.dispose();
+} finally {
+  server.close();
+}
 console.log('node: all passed');

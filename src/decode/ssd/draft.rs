@@ -152,6 +152,8 @@ impl DraftWorker {
     /// replies nobody will read.
     pub(crate) async fn finish(&mut self) {
         self.abandon.store(true, Ordering::Relaxed);
+        // A draft in another Web Worker does not share this flag: tell it.
+        self.worker.interrupt();
         self.worker.drain().await;
         self.sent.clear();
         self.last_reply = None;
@@ -237,7 +239,16 @@ impl DraftHost {
         &self.config
     }
 
+    /// The flag that cuts the running speculation short, for the engine's interrupt to set while
+    /// a job runs: it is answered at once, not queued behind the job. A new generation clears it.
+    pub fn abandon_flag(&self) -> Arc<AtomicBool> {
+        self.speculator.abandon.clone()
+    }
+
     pub async fn handle(&mut self, job: Job) -> Result<Reply<RelSpan>> {
+        if matches!(job, Job::Start { .. }) {
+            self.speculator.abandon.store(false, Ordering::Relaxed);
+        }
         self.speculator.handle(job).await
     }
 }

@@ -1,0 +1,103 @@
+// The package's two Web Workers in Debian's Chromium, driven by playwright-core, with SmolLM2 as
+// target (CPU) and draft (its own worker): an abort of an SSD generation settles within a round,
+// not after the draft's discarded speculation; a draft worker that dies mid-generation ends it
+// with an error that says so and the text so far, and the engine keeps working for plain decoding.
+// Usage: node tests/web/worker.mjs   (after scripts/build-web.sh; needs models/)
+import { spawn } from 'node:child_process';
+import { chromium } from 'playwright-core';
+import { check, golden } from './golden.mjs';
+
+const port = 8000 + Math.floor(Math.random() * 1000);
+const server = spawn('node', ['scripts/serve.mjs', '.', String(port)], { stdio: ['ignore', 'pipe', 'inherit'] });
+await new Promise((resolve) => server.stdout.once('data', resolve));
+const g = golden('smollm2-135m-instruct-q4_1', 0);
+const timeout = 600_000;
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync'],
+});
+
+/** Start an SSD generation of `prompt` in the page; resolves once `after` tokens have streamed. */
+function startSsd(page, prompt, after) {
+  return page.evaluate(
+    ([prompt, after]) =>
+      new Promise((started) => {
+        const run = (window.run = { tokens: 0, text: '', outcome: null });
+        run.ctrl = new AbortController();
+        run.done = window.demo.engine
+          .generate(prompt, {
+            mode: 'ssd',
+            maxTokens: 400,
+            signal: run.ctrl.signal,
+            onToken: (piece, n) => {
+              run.text += piece;
+              run.tokens += n;
+              if (run.tokens >= after && !run.started) {
+                run.started = true;
+                started();
+              }
+            },
+          })
+          .then(
+            (r) => (run.outcome = { ok: true, finish: r.finish, tokens: r.tokens.length, at: performance.now() }),
+            (e) => (run.outcome = { code: e.code, message: e.message, partial: e.partial, at: performance.now() }),
+          );
+      }),
+    [prompt, after],
+  );
+}
+
+try {
+  const page = await browser.newPage();
+  page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
+  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
+  const q = new URLSearchParams({ pair: 'smollm', prompt: g.prompt, autoload: '1', backend: 'cpu', draftBackend: 'cpu' });
+  await page.goto(`http://127.0.0.1:${port}/www/?${q}`);
+  await page.waitForFunction(() => window.demo?.engine || window.demo?.error, null, { timeout });
+  const info = await page.evaluate(() => window.demo.error ?? window.demo.engine.info);
+  check(info.backend === 'cpu' && info.draftWorker, `CPU target, draft in its own worker (${JSON.stringify(info)})`);
+
+  // 1. Abort mid-SSD: the promise settles within about one round.
+  const prompt = g.prompt;
+  await startSsd(page, prompt, 8);
+  const abort = await page.evaluate(async () => {
+    const t = performance.now();
+    window.run.ctrl.abort();
+    await window.run.done;
+    const o = window.run.outcome;
+    return { code: o.code, settleMs: o.at - t, stats: o.partial?.stats };
+  });
+  const s = abort.stats;
+  const round = (s?.verifyMsMean ?? 0) + (s?.glueMsMean ?? 0) + (s?.treeStepMsMean ?? 0);
+  console.log(`metrics: SSD abort settled in ${abort.settleMs.toFixed(0)} ms (verify ${s?.verifyMsMean?.toFixed(1)} ms, ` +
+    `glue ${s?.glueMsMean?.toFixed(1)} ms, tree step ${s?.treeStepMsMean?.toFixed(1)} ms)`);
+  check(abort.code === 'aborted', `abort rejects with aborted (${abort.code})`);
+  // One round at most: what remains of a tree step, the next proposal and one verify.
+  check(abort.settleMs < 2 * round + 100, `the abort settles within a round (${abort.settleMs.toFixed(0)} ms, a round ~${round.toFixed(0)} ms)`);
+
+  // 2. The draft worker dies mid-SSD: the generation ends with an error and its text so far.
+  await startSsd(page, prompt, 8);
+  const draftWorker = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
+  check(!!draftWorker, 'the draft worker is found');
+  const killedAt = await page.evaluate(() => performance.now());
+  await draftWorker.evaluate(() => self.close()).catch(() => {});
+  await page.waitForFunction(() => window.run.outcome, null, { timeout: 120_000 });
+  const dead = await page.evaluate(() => ({ ...window.run.outcome, streamed: window.run.text }));
+  console.log(`metrics: a dead draft worker ended the generation in ${(dead.at - killedAt).toFixed(0)} ms`);
+  check(dead.code === 'internal' && dead.message.includes('draft worker stopped'),
+    `a dead draft worker fails the generation, saying so (${dead.code}: ${dead.message})`);
+  check(dead.partial?.generated >= 8 && dead.partial.text === dead.streamed, `error.partial holds what was streamed (${dead.partial?.generated} tokens)`);
+  const after = await page.evaluate(async (prompt) => {
+    const e = window.demo.engine;
+    const ar = await e.generate(prompt, { mode: 'ar', maxTokens: 8 }).then((r) => r.tokens.length, (e) => e.code);
+    const ssd = await e.generate(prompt, { mode: 'ssd', maxTokens: 8 }).then(() => 'ran', (e) => e.code);
+    return { ar, ssd };
+  }, prompt);
+  check(after.ar === 8, `the engine still decodes plainly (${after.ar})`);
+  check(after.ssd === 'internal', `SSD without its draft worker fails at once (${after.ssd})`);
+  console.log('worker: all passed');
+} finally {
+  await browser.close();
+  server.kill();
+}
