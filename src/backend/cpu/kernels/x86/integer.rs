@@ -407,7 +407,7 @@ macro_rules! integer_kernels {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn dot_acc(w: __m512i, q: *const i16, acc: __m512i) -> __m512i {
-                _mm512_dpwssd_epi32(acc, w, _mm512_loadu_si512(q as *const _))
+                dpwssd_512(acc, w, _mm512_loadu_si512(q as *const _))
             }
 
             /// The two halves are the narrow form's two parts, joined in [`Dot::total_one`].

@@ -18,6 +18,7 @@
 pub(crate) mod float;
 mod integer;
 
+use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::*;
@@ -269,20 +270,64 @@ pub(crate) mod avx2 {
     super::integer::integer_kernels!("avx2,fma,f16c", dpwssd: dpwssd_avx2, dpbusd: dpbusd_avx2, i16: narrow);
 }
 
+// The VNNI multiply-adds are written as `asm!`: with the intrinsics, LLVM's generic x86-64 tuning
+// splits most `vpdpwssd`s back into `vpmaddwd` + `vpaddd` (two instructions instead of one)
+// wherever that shortens a chain of adds, which undid most of what VNNI saves.
+
+/// `vpdpwssd` on 256-bit vectors, VEX-encoded (AVX-VNNI).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+fn dpwssd_vex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: an AVX-VNNI instruction on registers alone, in a function compiled for AVX-VNNI.
+    unsafe { asm!("{{vex}} vpdpwssd {0}, {1}, {2}", inout(ymm_reg) acc, in(ymm_reg) a, in(ymm_reg) b, options(pure, nomem, nostack)) };
+    acc
+}
+
+/// `vpdpbusd` on 256-bit vectors, VEX-encoded (AVX-VNNI).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+fn dpbusd_vex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: as in dpwssd_vex.
+    unsafe { asm!("{{vex}} vpdpbusd {0}, {1}, {2}", inout(ymm_reg) acc, in(ymm_reg) a, in(ymm_reg) b, options(pure, nomem, nostack)) };
+    acc
+}
+
+/// `vpdpwssd` on 256-bit vectors, EVEX-encoded (AVX-512 VNNI + VL), in any of the 32 registers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dpwssd_evex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: an AVX-512 VNNI instruction on registers alone, in a function compiled for it.
+    unsafe { asm!("vpdpwssd {0:y}, {1:y}, {2:y}", inout(zmm_reg) acc, in(zmm_reg) a, in(zmm_reg) b, options(pure, nomem, nostack)) };
+    acc
+}
+
+/// `vpdpbusd` on 256-bit vectors, EVEX-encoded.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dpbusd_evex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: as in dpwssd_evex.
+    unsafe { asm!("vpdpbusd {0:y}, {1:y}, {2:y}", inout(zmm_reg) acc, in(zmm_reg) a, in(zmm_reg) b, options(pure, nomem, nostack)) };
+    acc
+}
+
+/// `vpdpwssd` on 512-bit vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dpwssd_512(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    // SAFETY: as in dpwssd_evex.
+    unsafe { asm!("vpdpwssd {0}, {1}, {2}", inout(zmm_reg) acc, in(zmm_reg) a, in(zmm_reg) b, options(pure, nomem, nostack)) };
+    acc
+}
+
 pub(crate) mod avx_vnni {
-    super::integer::integer_kernels!(
-        "avx2,fma,f16c,avxvnni",
-        dpwssd: _mm256_dpwssd_avx_epi32,
-        dpbusd: _mm256_dpbusd_avx_epi32,
-        i16: narrow
-    );
+    super::integer::integer_kernels!("avx2,fma,f16c,avxvnni", dpwssd: dpwssd_vex, dpbusd: dpbusd_vex, i16: narrow);
 }
 
 pub(crate) mod avx512_vnni {
     super::integer::integer_kernels!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-        dpwssd: _mm256_dpwssd_epi32,
-        dpbusd: _mm256_dpbusd_epi32,
+        dpwssd: dpwssd_evex,
+        dpbusd: dpbusd_evex,
         i16: wide
     );
 }
