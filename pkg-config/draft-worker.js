@@ -28,9 +28,11 @@ self.onmessage = async (e) => {
     }
     queue = queue.then(async () => {
       try {
-        port.postMessage(await draft.handle(m.data));
+        const out = await draft.handle(m.data);
+        // A sampled proposal's distributions move rather than copy.
+        port.postMessage(out, out.q.map((row) => row.buffer));
       } catch (err) {
-        port.postMessage({ error: errorInfo(err) });
+        port.postMessage({ reply: { error: errorInfo(err) }, q: [] });
       }
     });
   };

@@ -8,7 +8,7 @@ use std::rc::Rc;
 use futures::channel::mpsc;
 use futures::future::{select, Either, LocalBoxFuture};
 use futures::StreamExt;
-use js_sys::{Function, Promise};
+use js_sys::{Float32Array, Function, Promise};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
@@ -36,6 +36,38 @@ impl From<Result<Reply<RelSpan>>> for WireReply {
             Err(e) => WireReply::Error { code: e.code().into(), message: e.to_string() },
         }
     }
+}
+
+/// A reply as the draft worker posts it: `{reply: WireReply, q: Float32Array[]}`. A sampled
+/// proposal's distributions (a vocabulary's worth of floats per draft token) travel in `q` as
+/// typed arrays, whose buffers the post transfers, not as arrays of numbers in `reply`.
+pub fn encode_reply(mut reply: Result<Reply<RelSpan>>) -> std::result::Result<JsValue, JsValue> {
+    let q = match &mut reply {
+        Ok(Reply::Proposal { proposal, .. }) => std::mem::take(&mut proposal.q),
+        _ => Vec::new(),
+    };
+    let rows: js_sys::Array = q.iter().map(|row| JsValue::from(Float32Array::from(&row[..]))).collect();
+    let out = js_sys::Object::new();
+    js_sys::Reflect::set(&out, &"reply".into(), &super::to_js(&WireReply::from(reply))?)?;
+    js_sys::Reflect::set(&out, &"q".into(), &rows)?;
+    Ok(out.into())
+}
+
+/// The reply [`encode_reply`] made.
+fn decode_reply(v: JsValue) -> Result<Reply<RelSpan>> {
+    let unreadable = |e: String| Error::Worker(format!("unreadable reply from the draft worker: {e}"));
+    let field = |name: &str| js_sys::Reflect::get(&v, &name.into()).map_err(|e| unreadable(format!("{e:?}")));
+    let mut reply = serde_wasm_bindgen::from_value::<WireReply>(field("reply")?)
+        .map_err(|e| unreadable(e.to_string()))?
+        .into_result()?;
+    if let Reply::Proposal { proposal, .. } = &mut reply {
+        let rows = field("q")?.dyn_into::<js_sys::Array>().map_err(|_| unreadable("q is not an array".into()))?;
+        proposal.q = rows
+            .iter()
+            .map(|row| row.dyn_into::<Float32Array>().map(|a| a.to_vec()).map_err(|_| unreadable("q holds a non-Float32Array".into())))
+            .collect::<Result<_>>()?;
+    }
+    Ok(reply)
 }
 
 impl WireReply {
@@ -128,10 +160,7 @@ impl PortChannel {
             if data.as_string().as_deref() == Some(ALIVE) {
                 return;
             }
-            let reply = serde_wasm_bindgen::from_value::<WireReply>(data)
-                .map_err(|e| Error::Worker(format!("unreadable reply from the draft worker: {e}")))
-                .and_then(WireReply::into_result);
-            let _ = l.replies.unbounded_send(reply);
+            let _ = l.replies.unbounded_send(decode_reply(data));
         });
         port.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
         // A reply that cannot be received leaves every later one answering the wrong job.

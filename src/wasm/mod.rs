@@ -327,7 +327,8 @@ impl WasmDraft {
         to_js(&options::DraftInfo { config: Some(config), vocab: self.vocab.clone() })
     }
 
-    /// Answer one job from the engine: resolves to {ok: reply} or {error: {code, message}}.
+    /// Answer one job from the engine: resolves to {reply, q} (see [`channel::encode_reply`]);
+    /// post it with `q`'s buffers transferred.
     pub fn handle(&self, job: JsValue) -> Promise {
         let host = self.host.clone();
         future_to_promise(async move {
@@ -336,7 +337,7 @@ impl WasmDraft {
             let mut held = host.take()?;
             let reply = held.handle(job).await;
             host.put(held);
-            to_js(&channel::WireReply::from(reply))
+            channel::encode_reply(reply)
         })
     }
 }

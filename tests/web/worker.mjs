@@ -1,6 +1,7 @@
 // The package's two Web Workers in Debian's Chromium, driven by playwright-core, with SmolLM2 as
 // target (CPU) and draft (its own worker): an abort of an SSD generation settles within a round,
-// not after the draft's discarded speculation; a draft worker that dies mid-generation ends it
+// not after the draft's discarded speculation; sampled SSD moves the draft's distributions as
+// typed arrays; a draft worker that dies mid-generation ends it
 // with an error that says so and the text so far, and the engine keeps working for plain decoding.
 // Usage: node tests/web/worker.mjs   (after scripts/build-web.sh; needs models/)
 import { spawn } from 'node:child_process';
@@ -76,10 +77,34 @@ try {
   // One round at most: what remains of a tree step, the next proposal and one verify.
   check(abort.settleMs < 2 * round + 100, `the abort settles within a round (${abort.settleMs.toFixed(0)} ms, a round ~${round.toFixed(0)} ms)`);
 
-  // 2. The draft worker dies mid-SSD: the generation ends with an error and its text so far.
-  await startSsd(page, prompt, 8);
+  // 2. Sampled SSD: each proposal's distributions cross from the draft worker as transferred
+  //    Float32Arrays; the same seed gives the same tokens.
   const draftWorker = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
   check(!!draftWorker, 'the draft worker is found');
+  await draftWorker.evaluate(() => {
+    const post = MessagePort.prototype.postMessage;
+    self.wire = { rows: 0, plain: 0, transferred: 0 };
+    MessagePort.prototype.postMessage = function (msg, transfer) {
+      for (const row of msg?.q ?? []) self.wire[row instanceof Float32Array ? 'rows' : 'plain']++;
+      if (Array.isArray(msg?.ok?.Proposal?.proposal?.q)) self.wire.plain += msg.ok.Proposal.proposal.q.length;
+      self.wire.transferred += transfer?.length ?? 0;
+      return post.call(this, msg, transfer);
+    };
+  });
+  const sampled = await page.evaluate(async (prompt) => {
+    const opts = { mode: 'ssd', maxTokens: 24, temperature: 0.8, seed: 7 };
+    const a = await window.demo.engine.generate(prompt, opts);
+    const b = await window.demo.engine.generate(prompt, opts);
+    return { a: a.tokens, b: b.tokens, acceptance: a.stats.acceptanceRate, tps: a.stats.tokensPerS };
+  }, prompt);
+  const wire = await draftWorker.evaluate(() => self.wire);
+  console.log(`metrics: sampled SSD ${sampled.tps.toFixed(1)} tok/s, acceptance ${sampled.acceptance.toFixed(2)}, ${wire.rows} q rows sent`);
+  check(sampled.a.length === 24 && JSON.stringify(sampled.a) === JSON.stringify(sampled.b), 'sampled SSD with a seed repeats itself');
+  check(wire.rows > 0 && wire.plain === 0 && wire.transferred === wire.rows,
+    `sampled proposals send q as transferred Float32Arrays (${JSON.stringify(wire)})`);
+
+  // 3. The draft worker dies mid-SSD: the generation ends with an error and its text so far.
+  await startSsd(page, prompt, 8);
   const killedAt = await page.evaluate(() => performance.now());
   await draftWorker.evaluate(() => self.close()).catch(() => {});
   await page.waitForFunction(() => window.run.outcome, null, { timeout: 120_000 });
