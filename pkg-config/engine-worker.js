@@ -5,6 +5,8 @@ import { errorInfo, generate, holdLock, loadEngine, whenLockFree } from './core.
 
 let engine = null;
 let running = null;
+/** The generation in progress (settled when none runs): the engine is taken while it runs. */
+let generating = Promise.resolve();
 const aborted = new Set();
 
 function post(msg) {
@@ -22,6 +24,16 @@ function draftReady(port) {
   });
 }
 
+/** Use the draft worker answering on `port` for SSD; tell the page when it stops. */
+async function attach(port, ready) {
+  const draft = await ready;
+  engine.attachDraft(port, draft.info);
+  whenLockFree(draft.lock, () => {
+    engine?.draftLost('it closed, crashed or was terminated');
+    post({ type: 'draft-lost' });
+  });
+}
+
 async function handle(msg) {
   switch (msg.type) {
     case 'load': {
@@ -30,24 +42,34 @@ async function handle(msg) {
       const onProgress = (p) => post({ type: 'progress', id: msg.id, progress: p });
       const ready = msg.draftPort ? draftReady(msg.draftPort) : null;
       engine = await loadEngine(msg.target, msg.draft, msg.opts, msg.modes, onProgress);
-      if (ready) {
-        const draft = await ready;
-        engine.attachDraft(msg.draftPort, draft.info);
-        whenLockFree(draft.lock, () => engine?.draftLost('it closed, crashed or was terminated'));
-      }
+      if (ready) await attach(msg.draftPort, ready);
       return engine.info();
+    }
+    case 'attach': {
+      // A replacement for a draft worker that stopped, attached between generations.
+      const ready = draftReady(msg.draftPort);
+      for (let g = null; g !== generating; ) {
+        g = generating;
+        await g;
+      }
+      if (!engine) throw { code: 'invalid_argument', message: 'no engine loaded' };
+      await attach(msg.draftPort, ready);
+      return null;
     }
     case 'generate': {
       if (!engine) throw { code: 'invalid_argument', message: 'no engine loaded' };
       running = msg.id;
+      let run;
       try {
-        return await generate(
+        run = generate(
           engine,
           msg.prompt,
           msg.opts,
           (piece, tokens) => post({ type: 'text', id: msg.id, piece, tokens }),
           () => aborted.has(msg.id),
         );
+        generating = run.catch(() => {});
+        return await run;
       } finally {
         running = null;
         aborted.delete(msg.id);

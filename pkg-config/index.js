@@ -45,11 +45,14 @@ class Rpc {
   #calls = new Map();
   /** Why the worker is gone, once it is. */
   #lost = null;
+  /** Messages that answer no call (`{type: 'draft-lost'}`). */
+  onEvent = null;
 
   constructor(worker) {
     this.#worker = worker;
     worker.onmessage = (e) => {
       const m = e.data;
+      if (m.id === undefined) return this.onEvent?.(m);
       const call = this.#calls.get(m.id);
       if (!call) return;
       if (m.type === 'progress') call.onProgress?.(m.progress);
@@ -92,6 +95,26 @@ class Rpc {
   }
 }
 
+/** SSD's draft in a new worker, loading `source`, with `port` its end of the channel to the
+ * engine; `loaded` settles when it is ready. It holds the Web Lock `lock` while it lives. */
+function spawnDraft(source, cfg, lock, onProgress) {
+  const channel = new MessageChannel();
+  const worker = new Worker(new URL('./draft-worker.js', import.meta.url), { type: 'module', name: 'saguaro-draft' });
+  const loaded = new Promise((resolve, reject) => {
+    worker.onmessage = (e) => {
+      const m = e.data;
+      if (m.type === 'progress') onProgress?.(m.progress);
+      else if (m.type === 'ready') resolve();
+      else if (m.type === 'failed') reject(fail(m.error));
+    };
+    worker.onerror = (e) => reject(new SaguaroError('internal', `draft worker failed: ${e.message}`));
+  });
+  // A draft worker that fails once loaded is ended: the engine worker sees it go.
+  loaded.then(() => (worker.onerror = () => worker.terminate()), () => {});
+  worker.postMessage({ port: channel.port2, source, opts: { ...cfg, backend: 'cpu' }, lock }, [channel.port2]);
+  return { worker, port: channel.port1, loaded };
+}
+
 /** The browser placement: engine worker, plus a draft worker for SSD on the CPU. */
 class WorkerEngine {
   static async load(models, opts, modes) {
@@ -114,48 +137,41 @@ class WorkerEngine {
     const rpc = new Rpc(worker);
     // Each worker holds a Web Lock while it lives; waiting on it is how its end is seen.
     const lockId = `saguaro-${Math.random().toString(36).slice(2)}`;
-    let draftWorker = null;
-    let draftPort = null;
-    const draftLoaded = [];
-    if (remoteSsd) {
-      const channel = new MessageChannel();
-      draftPort = channel.port1;
-      draftWorker = new Worker(new URL('./draft-worker.js', import.meta.url), { type: 'module', name: 'saguaro-draft' });
-      draftLoaded.push(
-        new Promise((resolve, reject) => {
-          draftWorker.onmessage = (e) => {
-            const m = e.data;
-            if (m.type === 'progress') opts.onProgress?.(m.progress);
-            else if (m.type === 'ready') resolve();
-            else if (m.type === 'failed') reject(fail(m.error));
-          };
-          draftWorker.onerror = (e) => reject(new SaguaroError('internal', `draft worker failed: ${e.message}`));
-        }),
-      );
-      draftWorker.postMessage({ port: channel.port2, source: draft, opts: { ...cfg, backend: 'cpu' }, lock: `${lockId}-draft` }, [channel.port2]);
-    }
+    const spawn = remoteSsd ? (n) => spawnDraft(draft, cfg, `${lockId}-draft-${n}`, opts.onProgress) : null;
+    const first = spawn?.(0);
     try {
       const load = rpc.call(
-        { type: 'load', target, draft: localModes.length ? draft : null, opts: cfg, modes: localModes, draftPort, lock: `${lockId}-engine` },
-        { onProgress: opts.onProgress, transfer: draftPort ? [draftPort] : [] },
+        { type: 'load', target, draft: localModes.length ? draft : null, opts: cfg, modes: localModes, draftPort: first?.port, lock: `${lockId}-engine` },
+        { onProgress: opts.onProgress, transfer: first ? [first.port] : [] },
       );
-      const [info] = await Promise.all([load.done, ...draftLoaded]);
+      const [info] = await Promise.all([load.done, first?.loaded]);
       whenLockFree(`${lockId}-engine`, () => rpc.lost('the engine worker stopped (it closed or crashed): load the models again'));
-      // A draft worker that fails later is ended; the engine worker sees it go, and SSD fails
-      // rather than waits on it.
-      if (draftWorker) draftWorker.onerror = () => draftWorker.terminate();
-      return new WorkerEngine(rpc, draftWorker, { ...info, backend, draftBackend: draft ? draftBackend : null, draftWorker: remoteSsd });
+      return new WorkerEngine(rpc, first?.worker ?? null, spawn, { ...info, backend, draftBackend: draft ? draftBackend : null, draftWorker: remoteSsd });
     } catch (e) {
       rpc.terminate();
-      draftWorker?.terminate();
+      first?.worker.terminate();
       throw e;
     }
   }
 
-  constructor(rpc, draftWorker, info) {
+  #spawned = 0;
+  #disposed = false;
+
+  constructor(rpc, draftWorker, spawn, info) {
     this.rpc = rpc;
     this.draftWorker = draftWorker;
     this.info = info;
+    // A draft worker that stopped is replaced; until the new one is ready, SSD fails at once.
+    rpc.onEvent = (m) => {
+      if (m.type === 'draft-lost' && spawn && !this.#disposed) this.#replaceDraft(spawn).catch((e) => console.warn(`saguaro: the SSD draft worker could not be restarted (${e.message})`));
+    };
+  }
+
+  async #replaceDraft(spawn) {
+    const next = spawn(++this.#spawned);
+    this.draftWorker = next.worker;
+    await next.loaded;
+    await this.rpc.call({ type: 'attach', draftPort: next.port }, { transfer: [next.port] }).done;
   }
 
   async run(prompt, opts, onText, signal) {
@@ -170,6 +186,7 @@ class WorkerEngine {
   }
 
   async dispose() {
+    this.#disposed = true;
     await this.rpc.call({ type: 'dispose' }).done.catch(() => {});
     this.rpc.terminate();
     this.draftWorker?.terminate();
