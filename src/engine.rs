@@ -182,6 +182,15 @@ pub struct Engine {
     spec: SpecConfig,
     /// The measured choice of mode and K, refined by the acceptance later generations see.
     choice: Option<Choice>,
+    /// A target on a server: its request counters and how many tokens it returns per position.
+    #[cfg(feature = "native")]
+    remote: Option<Remote>,
+}
+
+#[cfg(feature = "native")]
+struct Remote {
+    link: crate::remote::RemoteLink,
+    top_n: usize,
 }
 
 /// The draft model's defaults, measured with the Qwen 2.5 Coder pair on a 2-core CPU (README: "A
@@ -341,7 +350,75 @@ impl Engine {
             lookup: opts.lookup,
             spec: opts.spec.clone(),
             choice,
+            #[cfg(feature = "native")]
+            remote: None,
         })
+    }
+
+    /// An engine whose target is on a server and whose `draft` runs here; the tokenizer and
+    /// chat template are the draft's, so its vocabulary must be the server's.
+    #[cfg(feature = "native")]
+    pub async fn with_remote_target(target: crate::remote::RemoteTarget, draft: ModelFile, opts: &EngineOptions) -> Result<Engine> {
+        opts.validate()?;
+        if opts.lookup.is_some() {
+            return Err(Error::InvalidArgument("a server target takes a draft model, not prompt lookup".into()));
+        }
+        target.check_vocab(draft.weights.config.vocab_size, &draft.tokenizer.vocab_fingerprint())?;
+        crate::decode::check_draft(target.config(), &draft.weights.config)?;
+        let capacity = Self::capacity(target.config(), opts);
+        let remote = Remote { link: target.link(), top_n: target.options().top_n };
+        let mut target_lm: BoxedLm = Box::new(target);
+        let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
+        let slimmed = slimming(&draft, opts).apply(&draft.weights)?;
+        let mut sd_draft = match wants(Mode::Sd) {
+            true => Some(opts.draft.runner(&slimmed, capacity).await?),
+            false => None,
+        };
+        let ssd_draft = match wants(Mode::Ssd) {
+            true => {
+                let lm = opts.draft.runner(&slimmed, capacity).await?;
+                Some(if opts.ssd_thread { DraftWorker::new(lm)? } else { DraftWorker::inline(lm) })
+            }
+            false => None,
+        };
+        // The server computes beside the draft, so SSD's overlap is real whatever the draft runs on.
+        let choice = match (opts.auto && opts.modes.len() != 1, sd_draft.as_deref_mut()) {
+            (true, Some(d)) => {
+                let costs = Costs::measure(target_lm.as_mut(), Some(d as &mut dyn Lm), true).await?;
+                Some(costs.choose(PRIOR_ACCEPTANCE, if ssd_draft.is_some() { opts.spec.k } else { 0 }))
+            }
+            _ => None,
+        };
+        Ok(Engine {
+            tokenizer: draft.tokenizer,
+            chat_template: draft.chat_template,
+            target: target_lm,
+            separate_draft: true,
+            sd_draft,
+            ssd_draft,
+            ssd_target: None,
+            lookup: None,
+            spec: opts.spec.clone(),
+            choice,
+            remote: Some(remote),
+        })
+    }
+
+    /// A server target returns its `top_n` likeliest tokens per position: sampling from them is
+    /// the target's own sampling only when top-k keeps no more than those.
+    #[cfg(feature = "native")]
+    fn check_remote_sampling(&self, sampling: &SamplingParams) -> Result<()> {
+        match &self.remote {
+            Some(r) if !sampling.is_greedy() && !(1..=r.top_n).contains(&sampling.top_k) => Err(Error::option(
+                "top_k",
+                format!(
+                    "a server target returns its {} likeliest tokens per position, so sampling from it is exact only \
+                     with top_k between 1 and {}; got {}",
+                    r.top_n, r.top_n, sampling.top_k
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// KV slots a draft needs for `opts`: the context plus the speculation scratch.
@@ -440,6 +517,8 @@ impl Engine {
         on_text: &mut dyn FnMut(&str, usize) -> bool,
     ) -> Result<Completion> {
         opts.validate()?;
+        #[cfg(feature = "native")]
+        self.check_remote_sampling(&opts.sampling)?;
         let ids = self.encode(prompt)?;
         let mode = opts.mode.unwrap_or_else(|| self.default_mode());
         let auto = self.choice.as_ref().filter(|_| opts.mode.is_none() && opts.spec.is_none());
@@ -463,7 +542,14 @@ impl Engine {
         };
         let mut stream = StreamDecoder::new(&self.tokenizer);
         let mut stream_err = None;
+        // What a generation that fails midway has committed (and streamed) before it failed.
+        let mut partial = Vec::new();
+        #[cfg(feature = "native")]
+        if let Some(r) = &self.remote {
+            r.link.take();
+        }
         let mut sink = |toks: &[u32]| {
+            partial.extend_from_slice(toks);
             let mut text = String::new();
             for &t in toks {
                 match stream.push(t) {
@@ -494,13 +580,21 @@ impl Engine {
                 let target = self.ssd_target.as_deref_mut().map_or(target, |t| t as &mut dyn Lm);
                 generate_ssd(target, draft, &req, &spec, &mut sink).await
             }
-        }?;
+        };
+        let g = match g {
+            Err(Error::Server { message, .. }) => return Err(Error::Server { message, partial }),
+            g => g?,
+        };
         if let Some(e) = stream_err {
             return Err(e);
         }
         let mut g = g;
         if auto.is_some() {
             g.stats.auto = self.choice.clone();
+        }
+        #[cfg(feature = "native")]
+        if let Some(r) = &self.remote {
+            g.stats.remote = Some(r.link.take());
         }
         let rest = stream.finish()?;
         if !rest.is_empty() {

@@ -43,6 +43,10 @@ pub enum Error {
     OutOfMemory(String),
     #[error("worker failed: {0}")]
     Worker(String),
+    /// A remote target failed: unreachable, too slow, or its answer was an error or unreadable.
+    /// `partial` holds the tokens the generation committed before it failed (already streamed).
+    #[error("server error: {message}")]
+    Server { message: String, partial: Vec<u32> },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -62,11 +66,16 @@ impl Error {
             Error::DeviceLost(_) => "device_lost",
             Error::OutOfMemory(_) => "out_of_memory",
             Error::Worker(_) => "internal",
+            Error::Server { .. } => "server_error",
         }
     }
 
     pub(crate) fn option(option: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidOption { option, reason: reason.into() }
+    }
+
+    pub(crate) fn server(message: impl Into<String>) -> Self {
+        Error::Server { message: message.into(), partial: Vec::new() }
     }
 
     pub(crate) fn invalid_model(msg: impl Into<String>) -> Self {

@@ -13,6 +13,8 @@ pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod model;
+#[cfg(feature = "native")]
+pub mod remote;
 pub mod runtime;
 pub mod sampling;
 #[cfg(all(target_arch = "wasm32", feature = "wasm"))]

@@ -165,6 +165,10 @@ pub struct Stats {
     /// When the engine chose the mode and K: its choice and the costs it measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auto: Option<Choice>,
+    /// With a target on a server: what its requests cost.
+    #[cfg(feature = "native")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::RemoteStats>,
 }
 
 /// One SD/SSD round, in ms from the start of decoding (after the prefill).

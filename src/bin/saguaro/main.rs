@@ -2,6 +2,7 @@
 
 mod bench;
 mod kernels;
+mod serve;
 mod setup;
 
 use std::io::Write;
@@ -44,6 +45,9 @@ enum Command {
     BenchKernels(kernels::BenchKernelsArgs),
     /// List the GPU adapters with their limits and features.
     Devices,
+    /// Serve a target model over HTTP with SGLang's `/generate` API, for drafts elsewhere
+    /// (`generate --target http://HOST:PORT --draft ...`) to verify against.
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Args)]
@@ -134,12 +138,17 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::BenchKernels(a) => kernels::bench(a),
         Command::Devices => kernels::devices(),
+        Command::Serve(a) => serve::serve(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
         // The library names options in snake_case; here they are the flags the user typed.
         Err(Error::InvalidOption { option, reason }) => {
             eprintln!("error: --{}: {reason}", option.replace('_', "-"));
+            ExitCode::FAILURE
+        }
+        Err(Error::Server { message, partial }) => {
+            eprintln!("\nerror: server error: {message} (after {} generated tokens, kept above)", partial.len());
             ExitCode::FAILURE
         }
         Err(e) => {

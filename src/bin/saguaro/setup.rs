@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use futures::executor::block_on;
@@ -16,6 +17,7 @@ use saguaro::engine::{Device, Engine, EngineOptions, DEFAULT_DRAFT_HEAD, DEFAULT
 use saguaro::model::quant::DType;
 use saguaro::model::slim::check_quant;
 use saguaro::model::load::{open, ModelFile};
+use saguaro::remote::{RemoteOptions, RemoteTarget};
 use saguaro::sampling::SamplingParams;
 use saguaro::{Error, Result};
 
@@ -104,7 +106,9 @@ impl DeviceArgs {
 
 #[derive(Args)]
 pub struct EngineArgs {
-    /// Target model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json).
+    /// Target model: a .gguf file or a Hugging Face directory (config.json, *.safetensors, tokenizer.json),
+    /// or a server, http://HOST:PORT, that speaks SGLang's /generate (`saguaro serve`, or SGLang);
+    /// a server target needs a --draft model, whose tokenizer then encodes the prompt.
     #[arg(long)]
     pub target: PathBuf,
     /// Draft model with the target's vocabulary (enables sd/ssd; without it the target drafts for
@@ -172,6 +176,16 @@ pub struct EngineArgs {
     /// KV-cache size in tokens (prompt + output), capped by the model's context length.
     #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
     pub context: usize,
+    /// Server target: seconds one request may take before it counts as failed.
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    pub server_timeout: f64,
+    /// Server target: further attempts after a failed request (with a doubling wait from 100 ms).
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
+    pub server_retries: u32,
+    /// Server target: likeliest tokens returned per position for sampled verification; sampling
+    /// is exact, and allowed, only with --top-k between 1 and this.
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    pub server_top_n: usize,
 }
 
 // Numeric options take `allow_negative_numbers`: clap would read `-1` as an unknown flag, while
@@ -242,6 +256,31 @@ impl EngineArgs {
         }
     }
 
+    /// The target's address when it is a server.
+    pub fn server(&self) -> Option<&str> {
+        self.target.to_str().filter(|t| t.starts_with("http://"))
+    }
+
+    /// An engine over the server target at `url`, with the draft loaded here.
+    fn remote(&self, url: &str, opts: &EngineOptions) -> Result<Engine> {
+        if !(self.server_timeout.is_finite() && self.server_timeout > 0.0) {
+            return Err(Error::InvalidOption { option: "server_timeout", reason: format!("must be a positive number of seconds, got {}", self.server_timeout) });
+        }
+        let draft = match self.draft.as_deref().filter(|_| !self.lookup()) {
+            Some(p) => load(p, "draft")?,
+            None => return Err(Error::InvalidArgument("a server target (--target http://...) needs a --draft model".into())),
+        };
+        let remote = RemoteOptions {
+            timeout: Duration::from_secs_f64(self.server_timeout),
+            retries: self.server_retries,
+            top_n: self.server_top_n,
+            ..RemoteOptions::new(url)
+        };
+        let target = RemoteTarget::connect(remote, &draft.weights.config)?;
+        eprintln!("target: {} at {url}", target.info().model_path);
+        block_on(Engine::with_remote_target(target, draft, opts))
+    }
+
     /// Load the models and build an engine ready for `modes` (`auto` among them: every mode).
     pub fn engine(&self, modes: &[ModeArg]) -> Result<Engine> {
         self.build(modes, self.spec())
@@ -270,6 +309,9 @@ impl EngineArgs {
         };
         // Checked before the models load, so a bad value is reported at once.
         opts.validate()?;
+        if let Some(url) = self.server() {
+            return self.remote(url, &opts);
+        }
         let target = load(&self.target, "target")?;
         let draft = self.draft.as_deref().filter(|_| !self.lookup()).map(|p| load(p, "draft")).transpose()?;
         let t = Instant::now();

@@ -1,0 +1,104 @@
+//! `saguaro serve`: a target model behind SGLang's `/generate` API, for drafts on other
+//! machines (or in browsers) to verify against.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use saguaro::backend::cpu::CpuBackend;
+use saguaro::model::load::open;
+use saguaro::model::transformer::Transformer;
+use saguaro::remote::generate::Limits;
+use saguaro::remote::protocol::ModelInfo;
+use saguaro::remote::{bind, session_bytes, PrefixCaches, PrefixModel, ServeOptions};
+use saguaro::{Error, Result};
+
+use crate::setup::{BackendKind, DeviceArgs, PrecisionArg};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The model to serve: a .gguf file or a Hugging Face directory.
+    #[arg(long)]
+    target: PathBuf,
+    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    backend: BackendKind,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// CPU threads (0 = all cores).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    threads: usize,
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
+    precision: PrecisionArg,
+    /// Address to listen on; port 0 picks a free one (the address is printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:30000")]
+    listen: String,
+    /// Tokens one session (one client's sequence) may hold, capped by the model's context.
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
+    context: usize,
+    /// Sessions kept at once (each a KV cache); the least recently used is evicted.
+    #[arg(long, default_value_t = 8, allow_negative_numbers = true)]
+    max_sessions: usize,
+    /// Memory for the sessions' KV caches, in MiB: lowers --max-sessions to what fits.
+    #[arg(long, default_value_t = 2048, allow_negative_numbers = true)]
+    cache_mib: usize,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 4 << 20, allow_negative_numbers = true)]
+    max_body: usize,
+    /// Seconds a request may wait for the model and run.
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    timeout: f64,
+    /// Most tokens one request may generate.
+    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
+    max_new_tokens: usize,
+}
+
+pub fn serve(args: &ServeArgs) -> Result<()> {
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        return Err(Error::InvalidOption { option: "timeout", reason: format!("must be a positive number of seconds, got {}", args.timeout) });
+    }
+    if args.context == 0 {
+        return Err(Error::InvalidOption { option: "context", reason: "must be at least 1 token".into() });
+    }
+    let file = open(&args.target)?;
+    let config = file.weights.config.clone();
+    let context = args.context.min(config.context_length);
+    let fit = (args.cache_mib << 20) / session_bytes(&config, context).max(1);
+    let sessions = args.max_sessions.min(fit);
+    if sessions == 0 {
+        return Err(Error::InvalidOption { option: "cache_mib", reason: format!("{} MiB hold no session of {context} tokens", args.cache_mib) });
+    }
+    let info = ModelInfo {
+        model_path: args.target.display().to_string(),
+        is_generation: true,
+        vocab_size: Some(config.vocab_size),
+        vocab_fingerprint: Some(file.tokenizer.vocab_fingerprint()),
+        context_length: Some(context),
+    };
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let opts = ServeOptions {
+        max_body: args.max_body,
+        timeout,
+        limits: Limits { max_new_tokens: args.max_new_tokens, time: timeout, ..ServeOptions::default().limits },
+        ..ServeOptions::default()
+    };
+    let mut model: Box<dyn PrefixModel> = match args.backend {
+        BackendKind::Cpu => {
+            let cpu = CpuBackend::new(args.threads)?.with_precision(args.precision.into());
+            Box::new(PrefixCaches::new(Transformer::new(cpu, &file.weights)?, context, sessions)?)
+        }
+        BackendKind::Gpu => Box::new(PrefixCaches::new(Transformer::new(args.device.open_gpu()?, &file.weights)?, context, sessions)?),
+    };
+    drop(file);
+    let bound = bind(&args.listen)?;
+    eprintln!(
+        "serving {} on {}: {sessions} sessions of {context} tokens",
+        args.target.display(),
+        model.backend_name()
+    );
+    // The one line on stdout, for scripts and tests that start the server on port 0.
+    println!("listening on http://{}", bound.addr());
+    let _ = std::io::stdout().flush();
+    bound.serve(model.as_mut(), info, &opts)
+}

@@ -1,0 +1,332 @@
+//! The client side: a server that speaks SGLang's `/generate` as a target model. It implements
+//! [`Lm`], so AR, SD and SSD verify through it unchanged and never learn about HTTP.
+//!
+//! The server holds the KV cache; this keeps the committed sequence and sends it whole with each
+//! forward (as SGLang's API wants: it finds the shared prefix in its own cache). So a server that
+//! restarted, or evicted our prefix, only recomputes it, and a failed request can simply be sent
+//! again: it is idempotent.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::LocalBoxFuture;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use web_time::Instant;
+
+use super::protocol::{ErrorBody, GenerateRequest, GenerateResponse, ModelInfo, TokenLogprob, WireSampling};
+use crate::backend::Batch;
+use crate::error::{Error, Result};
+use crate::model::config::ModelConfig;
+use crate::model::runner::Lm;
+
+/// How to reach the server and how hard to try.
+#[derive(Clone, Debug)]
+pub struct RemoteOptions {
+    /// `http://HOST:PORT` (plain HTTP).
+    pub url: String,
+    /// Limit on one request, from connecting to the last byte of the answer.
+    pub timeout: Duration,
+    /// Further attempts after a failed request (refused, reset, timed out, 5xx, unreadable).
+    pub retries: u32,
+    /// Wait before the first retry; doubled before each further one.
+    pub backoff: Duration,
+    /// Most likely tokens the server returns per position for sampled verification: sampling is
+    /// exact only with top-k in 1..=top_n (the whole truncated distribution comes back).
+    pub top_n: usize,
+}
+
+impl RemoteOptions {
+    pub fn new(url: &str) -> Self {
+        RemoteOptions {
+            url: url.trim_end_matches('/').to_string(),
+            timeout: Duration::from_secs(60),
+            retries: 3,
+            backoff: Duration::from_millis(100),
+            top_n: 64,
+        }
+    }
+}
+
+/// What talking to the server cost, over the requests since the last [`RemoteLink::take`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RemoteStats {
+    /// Requests answered (each one target forward on the server).
+    pub round_trips: usize,
+    /// Failed attempts that were sent again.
+    pub retries: usize,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Client-side time of the answered requests, and the server's own time for them.
+    pub round_trip_ms: f64,
+    pub server_ms: f64,
+    /// Tokens sent that the server already held in its prefix cache, and all tokens sent.
+    pub cached_tokens: usize,
+    pub input_tokens: usize,
+}
+
+/// A handle on a remote target's counters that stays with the engine when the target itself is
+/// boxed away as an [`Lm`].
+#[derive(Clone, Debug, Default)]
+pub struct RemoteLink(Arc<Mutex<RemoteStats>>);
+
+impl RemoteLink {
+    /// The counters so far, and zero them.
+    pub fn take(&self) -> RemoteStats {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn update(&self, f: impl FnOnce(&mut RemoteStats)) {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Largest error answer read; error bodies are a line of JSON.
+const MAX_ERROR_BODY: u64 = 64 * 1024;
+
+/// A target model on a server.
+pub struct RemoteTarget {
+    agent: ureq::Agent,
+    opts: RemoteOptions,
+    info: ModelInfo,
+    config: ModelConfig,
+    /// The committed sequence: what the server's KV cache holds for us.
+    committed: Vec<u32>,
+    /// The tokens of the last forward, which `advance` commits.
+    written: Vec<u32>,
+    link: RemoteLink,
+}
+
+/// A failed attempt: worth sending again or not.
+enum Attempt {
+    Transient(String),
+    Permanent(String),
+}
+
+impl RemoteTarget {
+    /// Ask the server at `opts.url` what it serves. `draft` is the local draft's shape: a remote
+    /// target's shape is its server's business, so it stands in where one is needed, with the
+    /// server's vocabulary size and context length when the server says them.
+    pub fn connect(opts: RemoteOptions, draft: &ModelConfig) -> Result<RemoteTarget> {
+        if opts.top_n == 0 {
+            return Err(Error::option("top_n", "must be at least 1"));
+        }
+        if !opts.url.starts_with("http://") {
+            return Err(Error::option("target", format!("'{}': a server is given as http://HOST:PORT", opts.url)));
+        }
+        let config = ureq::Agent::config_builder()
+            .timeout_global(Some(opts.timeout))
+            .http_status_as_error(false)
+            .build();
+        let agent = ureq::Agent::new_with_config(config);
+        let mut target = RemoteTarget {
+            agent,
+            opts,
+            info: ModelInfo { model_path: String::new(), is_generation: true, vocab_size: None, vocab_fingerprint: None, context_length: None },
+            config: draft.clone(),
+            committed: Vec::new(),
+            written: Vec::new(),
+            link: RemoteLink::default(),
+        };
+        let info: ModelInfo = target.call("GET", "/get_model_info", None, MAX_ERROR_BODY)?;
+        if let Some(v) = info.vocab_size {
+            target.config.vocab_size = v;
+        }
+        if let Some(c) = info.context_length {
+            target.config.context_length = c;
+        }
+        target.info = info;
+        Ok(target)
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn options(&self) -> &RemoteOptions {
+        &self.opts
+    }
+
+    /// The counters of this target's requests.
+    pub fn link(&self) -> RemoteLink {
+        self.link.clone()
+    }
+
+    /// Refuse a draft whose vocabulary differs from the server's: its tokenizer's fingerprint,
+    /// when the server says its own (SGLang does not), and its logits' width `draft_vocab`.
+    pub fn check_vocab(&self, draft_vocab: usize, draft_fingerprint: &str) -> Result<()> {
+        match (&self.info.vocab_fingerprint, self.info.vocab_size) {
+            (Some(f), _) if f != draft_fingerprint => Err(Error::IncompatibleDraft(format!(
+                "the server's vocabulary (fingerprint {f}) differs from the draft's ({draft_fingerprint})"
+            ))),
+            (_, Some(n)) if n != draft_vocab => Err(Error::IncompatibleDraft(format!(
+                "the server's model scores {n} tokens, the draft {draft_vocab}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// One request, sent again on a transient failure up to `retries` times with a doubling wait.
+    fn call<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<&[u8]>, limit: u64) -> Result<T> {
+        let mut wait = self.opts.backoff;
+        let mut attempt = 0;
+        loop {
+            match self.attempt(method, path, body, limit) {
+                Ok(v) => return Ok(v),
+                Err(Attempt::Permanent(m)) => return Err(Error::server(format!("{} {path}: {m}", self.opts.url))),
+                Err(Attempt::Transient(m)) if attempt >= self.opts.retries => {
+                    let tries = attempt + 1;
+                    return Err(Error::server(format!("{} {path}: {m} (after {tries} attempts)", self.opts.url)));
+                }
+                Err(Attempt::Transient(_)) => {
+                    self.link.update(|s| s.retries += 1);
+                    std::thread::sleep(wait);
+                    wait = wait.saturating_mul(2);
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    fn attempt<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<&[u8]>, limit: u64) -> Result<T, Attempt> {
+        let url = format!("{}{path}", self.opts.url);
+        let t = Instant::now();
+        let sent = match (method, body) {
+            ("POST", Some(b)) => self.agent.post(&url).header("Content-Type", "application/json").send(b),
+            _ => self.agent.get(&url).call(),
+        };
+        let mut resp = sent.map_err(|e| Attempt::Transient(e.to_string()))?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let text = resp.body_mut().with_config().limit(MAX_ERROR_BODY).read_to_string().unwrap_or_default();
+            let message = serde_json::from_str::<ErrorBody>(&text).map(|e| e.error.message).unwrap_or(text);
+            let m = format!("HTTP {status}: {message}");
+            // The server may recover from its own failure (5xx) and from being busy (429).
+            return Err(if status >= 500 || status == 429 { Attempt::Transient(m) } else { Attempt::Permanent(m) });
+        }
+        let bytes = resp.body_mut().with_config().limit(limit).read_to_vec().map_err(|e| Attempt::Transient(e.to_string()))?;
+        let value = serde_json::from_slice(&bytes).map_err(|e| Attempt::Transient(format!("unreadable answer: {e}")))?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let sent = body.map_or(0, |b| b.len()) as u64;
+        self.link.update(|s| {
+            s.bytes_sent += sent;
+            s.bytes_received += bytes.len() as u64;
+            s.round_trip_ms += ms;
+        });
+        Ok(value)
+    }
+
+    /// Run `tokens` after the committed sequence and return, for each of `rows` (indices into
+    /// `tokens`), the server's `n` most likely next tokens after that row, most likely first.
+    fn score(&mut self, batch: &Batch, rows: &[u32], n: usize) -> Result<Vec<Vec<TokenLogprob>>> {
+        let len = self.committed.len();
+        check_causal(batch, len)?;
+        let m = batch.len();
+        if rows.iter().any(|&r| r as usize >= m) {
+            return Err(Error::InvalidArgument(format!("row out of a {m}-token batch")));
+        }
+        let input: Vec<u32> = self.committed.iter().chain(&batch.tokens).copied().collect();
+        let total = input.len();
+        // The distribution after input position p is the one over the token at p + 1: an input
+        // position's while p + 1 < total, the first output token's after the last.
+        let first = len + rows.iter().copied().min().unwrap_or(0) as usize + 1;
+        let start = first.min(total - 1);
+        let req = GenerateRequest {
+            input_ids: input,
+            sampling_params: WireSampling { max_new_tokens: 1, temperature: 0.0, ..WireSampling::default() },
+            return_logprob: true,
+            logprob_start_len: start as i64,
+            top_logprobs_num: n,
+            rid: None,
+        };
+        let body = serde_json::to_vec(&req).map_err(|e| Error::server(format!("request not encoded: {e}")))?;
+        // Each position's entries are a few dozen bytes; the text field is null.
+        let limit = (64 * 1024 + (total - start + 1) * n * 96) as u64;
+        let t = Instant::now();
+        let resp: GenerateResponse = self.call("POST", "/generate", Some(&body), limit)?;
+        let round_trip = t.elapsed().as_secs_f64() * 1000.0;
+        let meta = &resp.meta_info;
+        self.link.update(|s| {
+            s.round_trips += 1;
+            s.server_ms += meta.e2e_latency.map_or(round_trip, |secs| secs * 1000.0);
+            s.cached_tokens += meta.cached_tokens;
+            s.input_tokens += total;
+        });
+        self.written = batch.tokens.clone();
+        let vocab = self.config.vocab_size;
+        rows.iter()
+            .map(|&r| {
+                let predicted = len + r as usize + 1;
+                let entry = if predicted < total {
+                    meta.input_top_logprobs.get(predicted - start)
+                } else {
+                    meta.output_top_logprobs.first()
+                };
+                let top = entry.and_then(Option::as_ref).filter(|t| !t.is_empty()).ok_or_else(|| {
+                    Error::server(format!("the answer lacks the top logprobs of position {predicted}"))
+                })?;
+                if let Some(bad) = top.iter().find(|t| t.1 as usize >= vocab) {
+                    return Err(Error::server(format!("the answer names token {} outside the vocabulary of {vocab}", bad.1)));
+                }
+                Ok(top.iter().take(n).cloned().collect())
+            })
+            .collect()
+    }
+}
+
+/// A remote target runs only what verification and AR run: a causal batch right after the
+/// committed sequence (SSD's tree batches are the draft's, which stays local).
+fn check_causal(batch: &Batch, len: usize) -> Result<()> {
+    let causal = !batch.is_empty()
+        && batch.mask.extra.is_empty()
+        && batch.positions.iter().enumerate().all(|(i, &p)| p as usize == len + i && batch.mask.prefix[i] == p + 1);
+    if causal {
+        Ok(())
+    } else {
+        Err(Error::Unsupported("a remote target runs only causal batches at the end of its sequence".into()))
+    }
+}
+
+impl Lm for RemoteTarget {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+    fn backend_name(&self) -> String {
+        format!("server {}", self.opts.url)
+    }
+    fn len(&self) -> usize {
+        self.committed.len()
+    }
+    fn capacity(&self) -> usize {
+        self.config.context_length
+    }
+    fn truncate(&mut self, len: usize) {
+        self.committed.truncate(len);
+    }
+    fn advance(&mut self, n: usize) -> Result<()> {
+        if n > self.written.len() {
+            return Err(Error::InvalidArgument(format!("advance by {n} after a {}-token forward", self.written.len())));
+        }
+        self.committed.extend_from_slice(&self.written[..n]);
+        self.written.clear();
+        Ok(())
+    }
+    /// Logits rebuilt from the top `top_n` logprobs (log-softmax differs from the logits by a
+    /// constant per row, which softmax ignores); the tokens not returned get -inf.
+    fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
+        Box::pin(async move {
+            let top = self.score(batch, out_rows, self.opts.top_n)?;
+            let vocab = self.config.vocab_size;
+            let mut logits = vec![f32::NEG_INFINITY; top.len() * vocab];
+            for (row, entries) in logits.chunks_exact_mut(vocab).zip(&top) {
+                for TokenLogprob(lp, id, _) in entries {
+                    row[*id as usize] = lp.unwrap_or(f32::NEG_INFINITY);
+                }
+            }
+            Ok(logits)
+        })
+    }
+    fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
+        Box::pin(async move { Ok(self.score(batch, out_rows, 1)?.iter().map(|t| t[0].1).collect()) })
+    }
+}
