@@ -46,7 +46,8 @@ async function handle(msg) {
       return engine.info();
     }
     case 'attach': {
-      // A replacement for a draft worker that stopped, attached between generations.
+      // A draft worker started after the load, or one replacing a draft worker that stopped:
+      // attached between generations.
       const ready = draftReady(msg.draftPort);
       for (let g = null; g !== generating; ) {
         g = generating;
@@ -54,7 +55,7 @@ async function handle(msg) {
       }
       if (!engine) throw { code: 'invalid_argument', message: 'no engine loaded' };
       await attach(msg.draftPort, ready);
-      return null;
+      return engine.info();
     }
     case 'generate': {
       if (!engine) throw { code: 'invalid_argument', message: 'no engine loaded' };

@@ -138,13 +138,22 @@ class WorkerEngine {
     // Each worker holds a Web Lock while it lives; waiting on it is how its end is seen.
     const lockId = `saguaro-${Math.random().toString(36).slice(2)}`;
     const spawn = remoteSsd ? (n) => spawnDraft(draft, cfg, `${lockId}-draft-${n}`, opts.onProgress) : null;
-    const first = spawn?.(0);
+    // With SD prepared too, the engine worker reads the draft as well: the draft worker then
+    // starts once that copy is in, and reads it from the Cache API rather than downloading it
+    // a second time.
+    const localDraft = localModes.length > 0;
+    let first = localDraft ? null : spawn?.(0);
     try {
       const load = rpc.call(
-        { type: 'load', target, draft: localModes.length ? draft : null, opts: cfg, modes: localModes, draftPort: first?.port, lock: `${lockId}-engine` },
+        { type: 'load', target, draft: localDraft ? draft : null, opts: cfg, modes: localModes, draftPort: first?.port, lock: `${lockId}-engine` },
         { onProgress: opts.onProgress, transfer: first ? [first.port] : [] },
       );
-      const [info] = await Promise.all([load.done, first?.loaded]);
+      let [info] = await Promise.all([load.done, first?.loaded]);
+      if (spawn && !first) {
+        first = spawn(0);
+        await first.loaded;
+        info = await rpc.call({ type: 'attach', draftPort: first.port }, { transfer: [first.port] }).done;
+      }
       whenLockFree(`${lockId}-engine`, () => rpc.lost('the engine worker stopped (it closed or crashed): load the models again'));
       return new WorkerEngine(rpc, first?.worker ?? null, spawn, { ...info, backend, draftBackend: draft ? draftBackend : null, draftWorker: remoteSsd });
     } catch (e) {

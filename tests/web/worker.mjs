@@ -3,9 +3,11 @@
 // not after the draft's discarded speculation; sampled SSD moves the draft's distributions as
 // typed arrays; a draft worker that dies mid-generation ends it
 // with an error that says so and the text so far, the engine keeps decoding plainly, and a new
-// draft worker takes its place.
+// draft worker takes its place; with SD prepared too, the draft is downloaded once.
 // Usage: node tests/web/worker.mjs   (after scripts/build-web.sh; needs models/)
 import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { chromium } from 'playwright-core';
 import { check, golden } from './golden.mjs';
 
@@ -136,6 +138,37 @@ try {
   check(JSON.stringify(restart.tokens) === JSON.stringify(ar) && restart.failures.every((c) => c === 'internal'),
     `a new draft worker takes over: SSD equals AR again (${JSON.stringify(restart)})`);
   check(page.workers().filter((w) => w.url().endsWith('/draft-worker.js')).length === 1, 'one draft worker runs, not two');
+  // 4. With SD and SSD both prepared (the default modes), the engine worker and the draft worker
+  //    each hold the draft, but each file is downloaded once, later reads coming from the Cache
+  //    API. SmolLM2 drafts for itself (as in the demo's pair), so target and draft are one URL
+  //    (the engine worker reads it first as the target), from a server that counts downloads.
+  let draftRequests = 0;
+  const model = readFileSync('models/smollm2-135m-instruct-q4_1.gguf');
+  const counting = createServer((req, res) => {
+    draftRequests++;
+    // no-store: the browser's HTTP cache must not stand in for the package's Cache API.
+    res.writeHead(200, { 'content-length': model.length, 'access-control-allow-origin': '*', 'cache-control': 'no-store' });
+    res.end(model);
+  });
+  await new Promise((resolve) => counting.listen(0, '127.0.0.1', resolve));
+  const draftUrl = `http://127.0.0.1:${counting.address().port}/draft.gguf`;
+  const fresh = await browser.newContext();
+  const p2 = await fresh.newPage();
+  await p2.goto(`http://127.0.0.1:${port}/www/`);
+  const both = await p2.evaluate(async ([prompt, draftUrl]) => {
+    const { Saguaro } = await import('/pkg/index.js');
+    const e = await Saguaro.load({ target: draftUrl, draft: draftUrl }, { backend: 'cpu' });
+    const sd = await e.generate(prompt, { mode: 'sd', maxTokens: 8 });
+    const ssd = await e.generate(prompt, { mode: 'ssd', maxTokens: 8 });
+    const info = e.info;
+    await e.dispose();
+    return { info, sd: sd.tokens, ssd: ssd.tokens };
+  }, [prompt, draftUrl]);
+  check(both.info.draftWorker && JSON.stringify(both.sd) === JSON.stringify(ar) && JSON.stringify(both.ssd) === JSON.stringify(ar),
+    'SD (draft in the engine worker) and SSD (draft in its worker) both equal AR');
+  check(draftRequests === 1, `the model was downloaded once (${draftRequests} requests)`);
+  await fresh.close();
+  counting.close();
   console.log('worker: all passed');
 } finally {
   await browser.close();
