@@ -3,7 +3,8 @@
 // not after the draft's discarded speculation; sampled SSD moves the draft's distributions as
 // typed arrays; a draft worker that dies mid-generation ends it
 // with an error that says so and the text so far, the engine keeps decoding plainly, and a new
-// draft worker takes its place; with SD prepared too, the draft is downloaded once.
+// draft worker takes its place; with SD prepared too, the draft is downloaded once; a panic in
+// the engine worker ends its calls rather than hanging them.
 // Usage: node tests/web/worker.mjs   (after scripts/build-web.sh; needs models/)
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
@@ -169,6 +170,27 @@ try {
   check(draftRequests === 1, `the model was downloaded once (${draftRequests} requests)`);
   await fresh.close();
   counting.close();
+
+  // 5. A panic in the engine worker (here: a draft worker that sends a sampled proposal without
+  //    its distributions trips verification's assertion) closes that worker: the generation and
+  //    every later call reject with 'internal' instead of hanging or answering "busy".
+  const liar = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
+  await liar.evaluate(() => {
+    const post = MessagePort.prototype.postMessage;
+    MessagePort.prototype.postMessage = function (msg, transfer) {
+      if (msg?.q?.length) return post.call(this, { ...msg, q: msg.q.slice(1) });
+      return post.call(this, msg, transfer);
+    };
+  });
+  const panicked = await page.evaluate(async (prompt) => {
+    const e = window.demo.engine;
+    const code = (p) => Promise.race([p.then(() => 'resolved', (err) => err.code), new Promise((r) => setTimeout(() => r('hung'), 30_000))]);
+    const during = await code(e.generate(prompt, { mode: 'ssd', maxTokens: 16, temperature: 0.8, seed: 3 }));
+    const later = await code(e.generate(prompt, { mode: 'ar', maxTokens: 4 }));
+    return { during, later };
+  }, prompt);
+  check(panicked.during === 'internal' && panicked.later === 'internal',
+    `after a panic in the engine worker, calls reject with internal (${JSON.stringify(panicked)})`);
   console.log('worker: all passed');
 } finally {
   await browser.close();
