@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use super::kernels::{self, Kernels, RowsFn, MAX_ROWS};
 use super::pool::{Pool, SharedMut};
-use super::quantize::{quantize_32, quantize_k, Order};
+use super::quantize::{quantize_32, quantize_k};
 use crate::model::quant::{DType, QK, QK_K};
 use crate::model::weights::Weight;
 
@@ -42,11 +42,20 @@ pub enum KernelSet {
     Avx512Vnni,
     /// wasm32 simd128.
     Simd128,
+    /// wasm32 simd128 with relaxed SIMD's byte dot product, for 8-bit activations on K-quants.
+    RelaxedSimd,
 }
 
 impl KernelSet {
     /// Every set, the portable one first and the fastest of each architecture last.
-    pub const ALL: [KernelSet; 5] = [KernelSet::Scalar, KernelSet::Simd128, KernelSet::Avx2, KernelSet::AvxVnni, KernelSet::Avx512Vnni];
+    pub const ALL: [KernelSet; 6] = [
+        KernelSet::Scalar,
+        KernelSet::Simd128,
+        KernelSet::RelaxedSimd,
+        KernelSet::Avx2,
+        KernelSet::AvxVnni,
+        KernelSet::Avx512Vnni,
+    ];
 
     /// The name `SAGUARO_KERNELS`, `bench-kernels --kernels` and `saguaro devices` use.
     pub fn name(self) -> &'static str {
@@ -56,6 +65,7 @@ impl KernelSet {
             KernelSet::AvxVnni => "avx-vnni",
             KernelSet::Avx512Vnni => "avx512-vnni",
             KernelSet::Simd128 => "simd128",
+            KernelSet::RelaxedSimd => "relaxed-simd",
         }
     }
 
@@ -76,6 +86,8 @@ impl KernelSet {
             KernelSet::Avx512Vnni => kernels::x86::avx512_vnni_detected(),
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             KernelSet::Simd128 => true,
+            #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+            KernelSet::RelaxedSimd => true,
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -117,6 +129,8 @@ impl KernelSet {
             KernelSet::Avx512Vnni => &kernels::x86::avx512_vnni::KERNELS,
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             KernelSet::Simd128 => &kernels::wasm::KERNELS,
+            #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+            KernelSet::RelaxedSimd => &kernels::wasm_relaxed::KERNELS,
             _ => &kernels::scalar::KERNELS,
         }
     }
@@ -162,8 +176,9 @@ pub fn matmul_with(pool: &Pool, isa: KernelSet, precision: Precision, x: &[f32],
             integer(pool, w, x, m, QK_K, |x, q| quantize_k::<i16>(x, q, simd, order), kernel, out)
         }
         DType::Q4K | DType::Q5K | DType::Q6K => {
-            let kernel = isa.pick(|k| (k.qk)(dtype)).0;
-            integer(pool, w, x, m, QK_K, |x, q| quantize_k::<i8>(x, q, simd, Order::Natural), kernel, out)
+            let (kernel, set) = isa.pick(|k| (k.qk)(dtype));
+            let order = set.qk_order;
+            integer(pool, w, x, m, QK_K, |x, q| quantize_k::<i8>(x, q, simd, order), kernel, out)
         }
         _ if exact => {
             let kernel = isa.pick(|k| (k.q32_16)(dtype)).0;

@@ -114,8 +114,17 @@ pub(crate) enum Order {
     Natural,
     /// The 16 even-indexed values, then the 16 odd-indexed ones: the AVX2 kernels widen and scale
     /// 32 weight bytes into 16-bit lanes by parity (one `maddubs` each), not by half.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     EvenOdd,
+    /// In each 16 values, the pairs `2k, 2k + 1, 8 + 2k, 9 + 2k` together, for `k` = 0..4: the
+    /// relaxed-SIMD kernels' 4-byte dots then gather in each i32 lane what the simd128 kernels'
+    /// 16-bit dots gather, so both give the same bits.
+    #[cfg_attr(not(target_feature = "relaxed-simd"), allow(dead_code))]
+    Pairs,
 }
+
+/// Where value `PAIRS[j]` of 16 goes in [`Order::Pairs`]: at `j`.
+pub(crate) const PAIRS: [u8; 16] = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15];
 
 #[inline(always)]
 fn actk_portable<T: ActInt>(x: &[f32], out: &mut [ActK<T>], order: Order) {
@@ -127,12 +136,23 @@ fn actk_portable<T: ActInt>(x: &[f32], out: &mut [ActK<T>], order: Order) {
         for (s, pair) in b.bsums32.iter_mut().zip(b.bsums.chunks_exact(2)) {
             *s = pair[0] + pair[1];
         }
-        if order == Order::EvenOdd {
-            for c in b.qs.chunks_exact_mut(QK) {
-                let v: [T; QK] = std::array::from_fn(|j| c[j]);
-                for j in 0..QK / 2 {
-                    c[j] = v[2 * j];
-                    c[QK / 2 + j] = v[2 * j + 1];
+        match order {
+            Order::Natural => {}
+            Order::EvenOdd => {
+                for c in b.qs.chunks_exact_mut(QK) {
+                    let v: [T; QK] = std::array::from_fn(|j| c[j]);
+                    for j in 0..QK / 2 {
+                        c[j] = v[2 * j];
+                        c[QK / 2 + j] = v[2 * j + 1];
+                    }
+                }
+            }
+            Order::Pairs => {
+                for c in b.qs.chunks_exact_mut(16) {
+                    let v: [T; 16] = std::array::from_fn(|j| c[j]);
+                    for (c, &from) in c.iter_mut().zip(&PAIRS) {
+                        *c = v[from as usize];
+                    }
                 }
             }
         }

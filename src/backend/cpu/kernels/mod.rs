@@ -20,6 +20,8 @@ pub(crate) mod x86;
 pub(crate) mod scalar;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 pub(crate) mod wasm;
+#[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+pub(crate) mod wasm_relaxed;
 
 /// The most activation rows one kernel call takes: their accumulators stay in registers.
 pub(crate) const MAX_ROWS: usize = 8;
@@ -275,7 +277,8 @@ pub(crate) struct Kernels {
     pub q32_16: fn(DType) -> Option<RowsFn<Act32<i16>>>,
     pub qk: fn(DType) -> Option<RowsFn<ActK<i8>>>,
     pub qk_16: fn(DType) -> Option<RowsFn<ActK<i16>>>,
-    /// The order `qk_16` reads each 32 activations in.
+    /// The orders `qk` and `qk_16` read each 32 activations in.
+    pub qk_order: Order,
     pub qk_16_order: Order,
     pub float: fn(DType) -> Option<RowsFn<f32>>,
 }
@@ -288,6 +291,7 @@ macro_rules! kernels {
             q32_16: |d| select!(q32<i16>: d, $q32),
             qk: |d| select!(qk<i8>: d, $qk),
             qk_16: |d| select!(qk<i16>: d, $qk),
+            qk_order: Order::Natural,
             qk_16_order: $order,
             float: $float,
         }

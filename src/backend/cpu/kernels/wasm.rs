@@ -21,7 +21,7 @@ fn hsum(v: v128) -> f32 {
 
 /// 32 bytes at `p` as two vectors.
 #[inline(always)]
-unsafe fn load32(p: *const u8) -> [v128; 2] {
+pub(super) unsafe fn load32(p: *const u8) -> [v128; 2] {
     [v128_load(p as *const v128), v128_load(p.add(16) as *const v128)]
 }
 
@@ -92,7 +92,7 @@ unsafe fn values32<F: Block32>(b: *const u8) -> [v128; 2] {
 }
 
 #[inline(always)]
-unsafe fn chunk_k<F: BlockK>(b: *const u8, t: usize) -> [v128; 2] {
+pub(super) unsafe fn chunk_k<F: BlockK>(b: *const u8, t: usize) -> [v128; 2] {
     let low = |q: v128, shift: usize, bits: u8| v128_and(u8x16_shr(q, shift as u32), u8x16_splat(bits));
     if F::SIX {
         let (n, u) = (t / 4, t % 4);
@@ -136,7 +136,39 @@ unsafe fn q32_rows<F: Block32, T: Load16, const R: usize>(w: &[u8], x: &[Act32<T
     }
 }
 
-unsafe fn qk_rows<F: BlockK, T: Load16, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
+/// How a chunk of 32 K-quant weights meets a row of activations. Every implementation gathers the
+/// same integers in each i32 lane, so they give the same bits.
+pub(super) trait ChunkDot<T> {
+    type W: Copy;
+    /// Chunk `t` of the block at `p`, scaled by `sc` (its first 16 values by `sc[0]`, the last 16
+    /// by `sc[1]`), less 32 each where `less32`.
+    unsafe fn weights<F: BlockK>(p: *const u8, t: usize, sc: [i16; 2], less32: bool) -> Self::W;
+    /// `Σ w * q` over the chunk as four i32 lanes, lane `k` holding the products of values `2k`,
+    /// `2k + 1`, `8 + 2k` and `9 + 2k` of each 16.
+    unsafe fn dot(w: &Self::W, q: *const T) -> v128;
+}
+
+/// Weights widened to 16 bits and scaled, met by `i32x4_dot_i16x8`.
+pub(super) struct Widened;
+
+impl<T: Load16> ChunkDot<T> for Widened {
+    type W = [v128; 4];
+
+    #[inline(always)]
+    unsafe fn weights<F: BlockK>(p: *const u8, t: usize, sc: [i16; 2], less32: bool) -> [v128; 4] {
+        let v = widen(chunk_k::<F>(p, t), false);
+        let v = if less32 { v.map(|v| i16x8_sub(v, i16x8_splat(32))) } else { v };
+        let (s0, s1) = (i16x8_splat(sc[0]), i16x8_splat(sc[1]));
+        [i16x8_mul(v[0], s0), i16x8_mul(v[1], s0), i16x8_mul(v[2], s1), i16x8_mul(v[3], s1)]
+    }
+
+    #[inline(always)]
+    unsafe fn dot(w: &[v128; 4], q: *const T) -> v128 {
+        dot32(w, q)
+    }
+}
+
+pub(super) unsafe fn qk_rows<F: BlockK, T: ActInt, D: ChunkDot<T>, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
     let nb = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * nb);
     // Q6_K's values carry their offset of -32, which spares the correction below; each i32 lane
@@ -151,13 +183,10 @@ unsafe fn qk_rows<F: BlockK, T: Load16, const R: usize>(w: &[u8], x: &[ActK<T>],
         for t0 in (0..QK_K / 32).step_by(span) {
             let mut sums = [i32x4_splat(0); R];
             for t in t0..t0 + span {
-                let v = widen(chunk_k::<F>(p, t), false);
-                let v = if signed { v.map(|v| i16x8_sub(v, i16x8_splat(32))) } else { v };
-                let (s0, s1) = (i16x8_splat(s.sc[2 * t]), i16x8_splat(s.sc[2 * t + 1]));
-                let w16 = [i16x8_mul(v[0], s0), i16x8_mul(v[1], s0), i16x8_mul(v[2], s1), i16x8_mul(v[3], s1)];
+                let wt = D::weights::<F>(p, t, [s.sc[2 * t], s.sc[2 * t + 1]], signed);
                 for i in 0..R {
                     let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
-                    sums[i] = i32x4_add(sums[i], dot32(&w16, q));
+                    sums[i] = i32x4_add(sums[i], D::dot(&wt, q));
                 }
             }
             for i in 0..R {
@@ -190,7 +219,7 @@ unsafe fn q32<F: Block32, T: Load16>(w: &[u8], x: &[Act32<T>], rows: usize, out:
 }
 
 unsafe fn qk<F: BlockK, T: Load16>(w: &[u8], x: &[ActK<T>], rows: usize, out: &mut [f32]) {
-    by_rows!(qk_rows::<F, T>(w, x, rows, out))
+    by_rows!(qk_rows::<F, T, Widened>(w, x, rows, out))
 }
 
 pub(crate) const KERNELS: Kernels = kernels!(q32, qk, Order::Natural, |_| None);
