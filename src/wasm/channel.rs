@@ -74,15 +74,22 @@ impl WireReply {
     fn into_result(self) -> Result<Reply<RelSpan>> {
         match self {
             WireReply::Ok(reply) => Ok(reply),
-            WireReply::Error { code, message } => Err(match code.as_str() {
-                "bad_model" => Error::InvalidModel(message),
-                "invalid_argument" => Error::InvalidArgument(message),
-                "vocab_mismatch" => Error::IncompatibleDraft(message),
-                "device_lost" => Error::DeviceLost(message),
-                "out_of_memory" => Error::OutOfMemory(message),
-                "gpu_error" => Error::Gpu(message),
-                _ => Error::Worker(format!("draft worker: {message}")),
-            }),
+            // The variant whose code the draft sent: codes are written once, in `Error::code`.
+            WireReply::Error { code, message } => {
+                let variants: [fn(String) -> Error; 6] = [
+                    Error::InvalidModel,
+                    Error::InvalidArgument,
+                    Error::IncompatibleDraft,
+                    Error::DeviceLost,
+                    Error::OutOfMemory,
+                    Error::Gpu,
+                ];
+                Err(variants
+                    .into_iter()
+                    .map(|v| v(message.clone()))
+                    .find(|e| e.code() == code)
+                    .unwrap_or_else(|| Error::Worker(format!("draft worker: {message}"))))
+            }
         }
     }
 }
