@@ -1,0 +1,395 @@
+//! A target on a server: `saguaro serve` started on a loopback port, verified against through
+//! SGLang's `/generate`. SD and SSD through it must equal the target's own greedy AR token for
+//! token (and sampled runs equal the local ones seed for seed); faults (a killed server, garbage,
+//! errors, a slow answer) end a generation with a server error that keeps the tokens so far,
+//! retried a bounded number of times; the server refuses bad requests and stays up.
+
+mod util;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures::executor::block_on;
+
+use saguaro::backend::cpu::Precision;
+use saguaro::decode::{generate_ar, generate_sd, generate_ssd, Backup, DraftWorker, Generation, Mode, Request, SpecConfig};
+use saguaro::engine::{Device, Engine, EngineOptions, GenerateOptions, Prompt};
+use saguaro::model::load::ModelFile;
+use saguaro::model::runner::{BoxedLm, Lm};
+use saguaro::remote::{RemoteOptions, RemoteTarget};
+use saguaro::sampling::SamplingParams;
+use saguaro::Error;
+
+fn smol() -> &'static ModelFile {
+    static SMOL: OnceLock<ModelFile> = OnceLock::new();
+    SMOL.get_or_init(|| util::model(util::SMOLLM2))
+}
+
+const EXACT_1: Device = Device::Cpu { threads: 1, precision: Precision::Exact };
+
+/// `saguaro serve` on the SmolLM2 target (1 thread, exact precision), killed when dropped.
+struct Serve {
+    child: Child,
+    url: String,
+}
+
+impl Serve {
+    fn start(extra: &[&str]) -> Serve {
+        Serve::start_at("127.0.0.1:0", extra)
+    }
+
+    fn start_at(listen: &str, extra: &[&str]) -> Serve {
+        let model = util::root().join(format!("models/{}.gguf", util::SMOLLM2));
+        assert!(model.exists(), "{} is missing: run scripts/fetch-models.sh first", model.display());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_saguaro"))
+            .arg("serve")
+            .arg("--target")
+            .arg(&model)
+            .args(["--threads", "1", "--listen", listen])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the saguaro binary runs");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(120)).expect("saguaro serve starts within 2 minutes");
+        let url = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
+        Serve { url: url.to_string(), child }
+    }
+
+    fn port(&self) -> u16 {
+        self.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port in the url")
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn remote(url: &str, configure: impl FnOnce(&mut RemoteOptions)) -> RemoteTarget {
+    let mut opts = RemoteOptions::new(url);
+    configure(&mut opts);
+    RemoteTarget::connect(opts, &smol().weights.config).expect("connecting to the server")
+}
+
+fn local(capacity: usize) -> BoxedLm {
+    block_on(EXACT_1.runner(&smol().weights, capacity)).expect("a local runner")
+}
+
+fn request(prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> Request {
+    Request { prompt: prompt.to_vec(), max_tokens, sampling, stop: vec![], ..Request::default() }
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    ["The capital of France is", "fn fibonacci(n: u64) -> u64 {", "Once upon a time, in a small village,"]
+        .iter()
+        .map(|p| smol().tokenizer.encode(p).unwrap())
+        .collect()
+}
+
+fn ar(target: &mut dyn Lm, req: &Request) -> Generation {
+    block_on(generate_ar(target, req, &mut |_| true)).expect("AR")
+}
+
+fn spec(k: usize) -> SpecConfig {
+    SpecConfig::new(k, "uniform:2".parse().unwrap(), 1.0, Backup::Jit)
+}
+
+#[test]
+fn sd_and_ssd_through_the_server_equal_local_greedy_ar() {
+    let server = Serve::start(&[]);
+    let mut target = remote(&server.url, |_| {});
+    let link = target.link();
+    let mut reference = local(512);
+    let mut draft = local(512);
+    let mut worker = DraftWorker::new(local(512)).unwrap();
+    for prompt in prompts() {
+        let req = request(&prompt, 32, SamplingParams::default());
+        let want = ar(reference.as_mut(), &req).tokens;
+        assert_eq!(ar(&mut target, &req).tokens, want, "remote AR");
+        link.take();
+        let sd = block_on(generate_sd(&mut target, draft.as_mut(), &req, &spec(4), &mut |_| true)).expect("SD");
+        assert_eq!(sd.tokens, want, "remote SD");
+        // The target drafting for itself is always accepted: one request per 5 tokens, plus the prefill.
+        let stats = link.take();
+        assert!(stats.round_trips <= 1 + want.len().div_ceil(5) + 1, "{stats:?}");
+        assert!(stats.bytes_sent > 0 && stats.bytes_received > 0 && stats.server_ms > 0.0, "{stats:?}");
+        assert!(stats.cached_tokens > 0, "the server reuses the session's prefix: {stats:?}");
+        let ssd = block_on(generate_ssd(&mut target, &mut worker, &req, &spec(3), &mut |_| true)).expect("SSD");
+        assert_eq!(ssd.tokens, want, "remote SSD");
+    }
+}
+
+#[test]
+fn sampled_verification_through_the_server_equals_local_seed_for_seed() {
+    let server = Serve::start(&[]);
+    let mut target = remote(&server.url, |o| o.top_n = 16);
+    let (mut reference, mut draft_a, mut draft_b) = (local(512), local(512), local(512));
+    let sampling = SamplingParams { temperature: 0.9, top_k: 16, top_p: 0.95, seed: 7 };
+    for prompt in prompts() {
+        let req = request(&prompt, 24, sampling);
+        // The top 16 that come back are the whole top-k distribution, so every draw matches.
+        assert_eq!(ar(&mut target, &req).tokens, ar(reference.as_mut(), &req).tokens, "sampled AR");
+        let here = block_on(generate_sd(reference.as_mut(), draft_a.as_mut(), &req, &spec(3), &mut |_| true)).unwrap();
+        let there = block_on(generate_sd(&mut target, draft_b.as_mut(), &req, &spec(3), &mut |_| true)).unwrap();
+        assert_eq!(there.tokens, here.tokens, "sampled SD");
+    }
+}
+
+fn engine_options(mode: Mode) -> EngineOptions {
+    EngineOptions {
+        target: EXACT_1,
+        draft: EXACT_1,
+        context: 512,
+        modes: vec![mode],
+        auto: false,
+        draft_quant: None,
+        draft_head: None,
+        spec: spec(3),
+        ..EngineOptions::default()
+    }
+}
+
+/// An engine over `target` with a SmolLM2 draft of its own (an engine owns its draft's file).
+fn engine(target: RemoteTarget, mode: Mode) -> Engine {
+    block_on(Engine::with_remote_target(target, util::model(util::SMOLLM2), &engine_options(mode))).expect("an engine")
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions { mode: None, max_tokens, sampling: SamplingParams::default(), spec: None }
+}
+
+#[test]
+fn sampling_is_refused_unless_top_k_fits_what_the_server_returns() {
+    let server = Serve::start(&[]);
+    let mut e = engine(remote(&server.url, |o| o.top_n = 8), Mode::Sd);
+    let prompt = Prompt::Text("Hello".into());
+    for top_k in [0, 9] {
+        let opts = GenerateOptions { sampling: SamplingParams { temperature: 0.7, top_k, top_p: 1.0, seed: 1 }, ..greedy(4) };
+        match block_on(e.generate(&prompt, &opts, &mut |_, _| true)) {
+            Err(Error::InvalidOption { option: "top_k", reason }) => assert!(reason.contains("between 1 and 8"), "{reason}"),
+            other => panic!("top_k {top_k} was not refused: {:?}", other.map(|c| c.tokens)),
+        }
+    }
+    let opts = GenerateOptions { sampling: SamplingParams { temperature: 0.7, top_k: 8, top_p: 1.0, seed: 1 }, ..greedy(4) };
+    assert_eq!(block_on(e.generate(&prompt, &opts, &mut |_, _| true)).expect("top_k 8 is exact").tokens.len(), 4);
+}
+
+#[test]
+fn a_draft_with_another_vocabulary_is_refused_at_load() {
+    let server = Serve::start(&[]);
+    let qwen = util::model(util::QWEN_05B);
+    let target = RemoteTarget::connect(RemoteOptions::new(&server.url), &qwen.weights.config).unwrap();
+    match block_on(Engine::with_remote_target(target, qwen, &engine_options(Mode::Sd))) {
+        Err(e) => assert_eq!(e.code(), "vocab_mismatch", "{e}"),
+        Ok(_) => panic!("a Qwen draft was accepted for a SmolLM2 server"),
+    }
+}
+
+#[test]
+fn a_killed_server_ends_the_generation_with_its_tokens_and_a_restarted_one_serves_again() {
+    let mut server = Some(Serve::start(&[]));
+    let (url, port) = server.as_ref().map(|s| (s.url.clone(), s.port())).unwrap();
+    let text = "The history of the Roman Empire";
+    let prompt = Prompt::Text(text.into());
+    let want = ar(local(512).as_mut(), &request(&smol().tokenizer.encode(text).unwrap(), 40, SamplingParams::default())).tokens;
+    for mode in [Mode::Sd, Mode::Ssd] {
+        let target = remote(&url, |o| {
+            o.retries = 2;
+            o.backoff = Duration::from_millis(20);
+        });
+        let mut e = engine(target, mode);
+        let mut seen = 0;
+        let failed = block_on(e.generate(&prompt, &greedy(40), &mut |_, n| {
+            seen += n;
+            if seen >= 6 {
+                server.take();
+            }
+            true
+        }));
+        match failed {
+            Err(Error::Server { message, partial }) => {
+                assert!(partial.len() >= 6 && partial.len() < 40, "{mode}: {} tokens kept: {message}", partial.len());
+                assert_eq!(partial[..], want[..partial.len()], "{mode}: the tokens kept are the target's");
+                assert!(message.contains("after 3 attempts"), "{mode}: {message}");
+            }
+            other => panic!("{mode}: a dead server went unnoticed: {:?}", other.map(|c| c.tokens)),
+        }
+        // A new server process holds none of the old sessions: the whole prefix is sent again.
+        server = Some(Serve::start_at(&format!("127.0.0.1:{port}"), &[]));
+        let again = block_on(e.generate(&prompt, &greedy(40), &mut |_, _| true)).expect("the engine works again");
+        assert_eq!(again.tokens, want, "{mode} after the restart");
+    }
+}
+
+/// What the stand-in server does with a `/generate`.
+#[derive(Clone, Copy)]
+enum Misbehave {
+    Garbage,
+    Truncated,
+    Status(u16),
+    Hang(Duration),
+    HangUp,
+}
+
+/// A stand-in for a server on a loopback port: it describes SmolLM2 at `/get_model_info` and
+/// misbehaves on every `/generate`, which it counts. It serves a bounded number of connections.
+fn misbehaving_server(how: Misbehave) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let info = serde_json::json!({
+        "model_path": "stand-in", "is_generation": true, "vocab_size": smol().weights.config.vocab_size,
+        "vocab_fingerprint": smol().tokenizer.vocab_fingerprint(), "context_length": 512,
+    })
+    .to_string();
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(64).flatten() {
+            let (info, count) = (info.clone(), counted.clone());
+            std::thread::spawn(move || answer_badly(stream, &info, &count, how));
+        }
+    });
+    (url, count)
+}
+
+fn answer_badly(mut stream: TcpStream, info: &str, count: &AtomicUsize, how: Misbehave) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut head = String::new();
+    let mut length = 0;
+    for _ in 0..100 {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+        head += &line;
+    }
+    let mut body = vec![0; length];
+    let _ = reader.read_exact(&mut body);
+    let reply = |stream: &mut TcpStream, status: u16, body: &str| {
+        let _ = write!(stream, "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    };
+    if head.contains("/get_model_info") {
+        return reply(&mut stream, 200, info);
+    }
+    count.fetch_add(1, Ordering::SeqCst);
+    match how {
+        Misbehave::Garbage => reply(&mut stream, 200, "<html>not json</html>"),
+        Misbehave::Truncated => reply(&mut stream, 200, r#"{"text":"","output_ids":[1],"meta_info":{"input_top_log"#),
+        Misbehave::Status(s) => reply(&mut stream, s, r#"{"error":{"message":"stand-in failure","code":0}}"#),
+        Misbehave::Hang(d) => std::thread::sleep(d),
+        Misbehave::HangUp => {}
+    }
+}
+
+#[test]
+fn bad_answers_are_retried_a_bounded_number_of_times_then_reported() {
+    for (how, retried, says) in [
+        (Misbehave::Garbage, true, "unreadable answer"),
+        (Misbehave::Truncated, true, "unreadable answer"),
+        (Misbehave::Status(500), true, "HTTP 500: stand-in failure"),
+        (Misbehave::Status(503), true, "HTTP 503"),
+        (Misbehave::Status(400), false, "HTTP 400: stand-in failure"),
+        (Misbehave::HangUp, true, ""),
+        (Misbehave::Hang(Duration::from_secs(3)), true, "timeout"),
+    ] {
+        let (url, count) = misbehaving_server(how);
+        let target = remote(&url, |o| {
+            o.retries = 2;
+            o.backoff = Duration::from_millis(10);
+            o.timeout = Duration::from_millis(500);
+        });
+        let mut e = engine(target, Mode::Sd);
+        let t = Instant::now();
+        match block_on(e.generate(&Prompt::Text("Hello".into()), &greedy(8), &mut |_, _| true)) {
+            Err(err @ Error::Server { .. }) => {
+                assert_eq!(err.code(), "server_error");
+                let message = err.to_string();
+                assert!(message.to_lowercase().contains(&says.to_lowercase()), "{message} does not say {says:?}");
+                assert_eq!(count.load(Ordering::SeqCst), if retried { 3 } else { 1 }, "{message}");
+            }
+            other => panic!("{says}: not a server error: {:?}", other.map(|c| c.tokens)),
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{says}: took {:?}", t.elapsed());
+    }
+}
+
+/// A raw HTTP/1.1 exchange: the status code and the body.
+fn exchange(url: &str, request: &[u8]) -> (u16, String) {
+    let mut stream = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // The server may answer and close before taking the whole of an oversized body.
+    let _ = stream.write_all(request);
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {answer:?}"));
+    (status, answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+}
+
+fn post(url: &str, body: &str) -> (u16, String) {
+    let head = format!("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    exchange(url, &[head.as_bytes(), body.as_bytes()].concat())
+}
+
+#[test]
+fn the_server_refuses_bad_requests_and_stays_up() {
+    let server = Serve::start(&["--max-body", "2000", "--max-sessions", "2"]);
+    let url = &server.url;
+    for (body, status, says) in [
+        ("{not json", 400, "malformed request"),
+        (r#"{"input_ids": []}"#, 400, "input_ids is empty"),
+        (r#"{"input_ids": [1, 99999999]}"#, 400, "outside the vocabulary"),
+        (r#"{"input_ids": [1, -2]}"#, 400, "malformed request"),
+        (r#"{"input_ids": [1, 2], "return_logprob": true, "logprob_start_len": 5}"#, 400, "logprob_start_len 5"),
+        (r#"{"input_ids": [1, 2], "return_logprob": true, "top_logprobs_num": 100000}"#, 400, "top_logprobs_num"),
+        (r#"{"input_ids": [1, 2], "sampling_params": {"temperature": -1}}"#, 400, "temperature"),
+    ] {
+        let (got, answer) = post(url, body);
+        assert_eq!(got, status, "{body}: {answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{body}: {e}: {answer}"));
+        assert!(v["error"]["message"].as_str().unwrap().contains(says), "{body}: {answer}");
+    }
+    // Too large, declared or not.
+    let big = format!(r#"{{"input_ids": [{}1]}}"#, "1, ".repeat(1000));
+    assert_eq!(post(url, &big).0, 413);
+    let chunked = format!("POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{big}\r\n0\r\n\r\n", big.len());
+    assert_eq!(exchange(url, chunked.as_bytes()).0, 413);
+    assert_eq!(exchange(url, b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").0, 404);
+    assert_eq!(exchange(url, b"GET /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").0, 405);
+    // A browser's preflight, and the CORS header on answers.
+    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    s.write_all(b"OPTIONS /generate HTTP/1.1\r\nHost: x\r\nOrigin: http://example.test\r\nConnection: close\r\n\r\n").unwrap();
+    let mut preflight = String::new();
+    s.read_to_string(&mut preflight).unwrap();
+    assert!(preflight.starts_with("HTTP/1.1 204"), "{preflight}");
+    assert!(preflight.contains("Access-Control-Allow-Origin: *"), "{preflight}");
+    // Many clients: the sessions stay within their bound, and the server answers throughout.
+    for i in 0..5u32 {
+        let (got, answer) = post(url, &format!(r#"{{"input_ids": [{}, {}, 3], "sampling_params": {{"max_new_tokens": 2, "temperature": 0}}}}"#, 100 + i, 200 + i));
+        assert_eq!(got, 200, "{answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(v["output_ids"].as_array().unwrap().len(), 2, "{answer}");
+    }
+    let (got, health) = exchange(url, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert_eq!(got, 200, "{health}");
+    let v: serde_json::Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(v["status"], "ok");
+    assert_eq!(v["sessions"], 2, "{health}");
+}
