@@ -382,20 +382,21 @@ macro_rules! integer_kernels {
 
             /// The even positions scaled in the low 256 bits and the odd ones in the high 256 bits
             /// ([`Order::EvenOdd`]), by one `maddubs` of the values, in both halves, against the
-            /// scales spread as the narrow form spreads them.
+            /// scales spread for each half by one shuffle.
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> __m512i {
-                let spread = |at| _mm256_shuffle_epi8(sc, spread(lo, hi, at));
-                let (even, odd) = (spread([true, false]), spread([false, true]));
-                let scales = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(even), odd);
-                let w = _mm512_maddubs_epi16(_mm512_broadcast_i64x4(v), scales);
+                let sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc));
+                let spread = |halves: [[bool; 2]; 2]| {
+                    let at = _mm512_castsi256_si512(spread(lo, hi, halves[0]));
+                    _mm512_shuffle_epi8(sc, _mm512_inserti64x4::<1>(at, spread(lo, hi, halves[1])))
+                };
+                let w = _mm512_maddubs_epi16(_mm512_broadcast_i64x4(v), spread([[true, false], [false, true]]));
                 if !less32 {
                     return w;
                 }
                 // 32 times each lane's scale: the odd spread holds it in the high byte, 256 times over.
-                let offset = _mm256_srai_epi16(odd, 3);
-                _mm512_sub_epi16(w, _mm512_broadcast_i64x4(offset))
+                _mm512_sub_epi16(w, _mm512_srai_epi16::<3>(spread([[false, true], [false, true]])))
             }
 
             const LESS32: bool = true;
