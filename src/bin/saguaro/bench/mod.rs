@@ -6,6 +6,7 @@
 mod llama;
 mod plot;
 mod report;
+mod server;
 
 use std::path::PathBuf;
 
@@ -186,6 +187,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let unit = report::DecodeUnit::of(&runs, &engine);
     let rows = report::rows(&runs, unit.as_ref());
+    let server = server::rows(&runs);
     if let Some(path) = &args.plot {
         let svg = plot::svg(&rows, llama.as_ref().map(|l| l.decode_tokens_per_s.median));
         std::fs::write(path, svg).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
@@ -197,10 +199,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             json!({"prompts": prompts.len(), "rounds": args.rounds, "max_tokens": args.max_tokens, "spec_k": spec.k,
                    "sweep_k": args.sweep_k, "fanout": spec.fanout.to_string(), "outputs_agree": agree,
                    "decode_ms": unit.as_ref().map(|u| u.ms), "decode_measured_by": unit.as_ref().map(|u| u.source),
-                   "modes": rows, "llama_cpp": llama})
+                   "modes": rows, "server": server, "llama_cpp": llama})
         );
     } else {
         report::print_table(&rows, unit.as_ref(), agree);
+        if !server.is_empty() {
+            server::print(&server);
+        }
         if let Some(l) = &llama {
             llama::print(l);
         }
