@@ -1,21 +1,42 @@
 // The part of the package that runs where the engine lives: in the engine and draft Web Workers
 // in a browser, or inline in Node. It fills model buffers as bytes arrive, converts options and
 // results, and turns wasm errors into SaguaroErrors.
-import init, { initSync, ModelBuffer, WasmDraft, WasmEngine } from './saguaro.js';
-
 const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 let ready = null;
+/** The loaded build's bindings: ModelBuffer, WasmDraft, WasmEngine. */
+let wasm = null;
 
-/** Instantiate the .wasm that sits beside this file (once per worker or process). */
+/** A module whose one function runs `i32x4.relaxed_dot_i8x16_i7x16_add_s` on three zero vectors:
+ * it validates where the engine runs relaxed SIMD. */
+const RELAXED_SIMD_PROBE = new Uint8Array([
+  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+  0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // types: () -> v128
+  0x03, 0x02, 0x01, 0x00, // one function of type 0
+  0x0a, 0x3d, 0x01, 0x3b, 0x00, // code: one body of 59 bytes, no locals
+  ...[0, 1, 2].flatMap(() => [0xfd, 0x0c, ...new Array(16).fill(0)]), // v128.const 0, three times
+  0xfd, 0x93, 0x02, // i32x4.relaxed_dot_i8x16_i7x16_add_s
+  0x0b, // end
+]);
+
+/** Whether this engine runs relaxed SIMD, and so the build of the library compiled for it. */
+export function relaxedSimd() {
+  return WebAssembly.validate(RELAXED_SIMD_PROBE);
+}
+
+/** Instantiate the build of the library this engine runs best, beside this file (once per worker
+ * or process): the relaxed-SIMD build where relaxed SIMD validates, else the simd128 one. */
 export function initWasm() {
   ready ??= (async () => {
-    const url = new URL('./saguaro_bg.wasm', import.meta.url);
+    const name = relaxedSimd() ? 'saguaro_relaxed' : 'saguaro';
+    const glue = name === 'saguaro' ? await import('./saguaro.js') : await import('./saguaro_relaxed.js');
+    const url = new URL(`./${name}_bg.wasm`, import.meta.url);
     if (isNode) {
       const { readFile } = await import('node:fs/promises');
-      initSync({ module: await readFile(url) });
+      glue.initSync({ module: await readFile(url) });
     } else {
-      await init({ module_or_path: url });
+      await glue.default({ module_or_path: url });
     }
+    wasm = glue;
   })();
   return ready;
 }
@@ -114,7 +135,7 @@ export async function readModel(source, { role, onProgress, cache }) {
   let buffer;
   let loaded = 0;
   if (src.total) {
-    buffer = new ModelBuffer(src.total);
+    buffer = new wasm.ModelBuffer(src.total);
     for await (const chunk of iterate(src.chunks())) {
       buffer.push(chunk);
       loaded += chunk.byteLength;
@@ -128,7 +149,7 @@ export async function readModel(source, { role, onProgress, cache }) {
       loaded += chunk.byteLength;
       progress(loaded);
     }
-    buffer = new ModelBuffer(loaded);
+    buffer = new wasm.ModelBuffer(loaded);
     for (const p of parts) buffer.push(p);
   }
   await src.saving;
@@ -156,20 +177,20 @@ export function engineOptions(opts, modes) {
 export async function loadEngine(target, draft, opts, modes, onProgress) {
   await initWasm();
   // Bad options fail before any model is downloaded.
-  WasmEngine.checkOptions(engineOptions(opts, modes));
+  wasm.WasmEngine.checkOptions(engineOptions(opts, modes));
   const t = await readModel(target, { role: 'target', onProgress, cache: opts.cache });
   const d = draft ? await readModel(draft, { role: 'draft', onProgress, cache: opts.cache }) : undefined;
   onProgress?.({ phase: 'upload', role: 'target', loaded: 0, total: 1 });
-  const engine = await WasmEngine.load(t, d, engineOptions(opts, modes));
+  const engine = await wasm.WasmEngine.load(t, d, engineOptions(opts, modes));
   onProgress?.({ phase: 'upload', role: 'target', loaded: 1, total: 1 });
   return engine;
 }
 
 export async function loadDraft(source, opts, onProgress) {
   await initWasm();
-  WasmEngine.checkOptions(engineOptions(opts, []));
+  wasm.WasmEngine.checkOptions(engineOptions(opts, []));
   const buf = await readModel(source, { role: 'draft', onProgress, cache: opts.cache });
-  return WasmDraft.load(buf, engineOptions(opts, []));
+  return wasm.WasmDraft.load(buf, engineOptions(opts, []));
 }
 
 /** Run one generation; `onText(piece)` streams text, `aborted()` is polled once per round.

@@ -18,6 +18,8 @@ const n = 24;
 const phases = new Set();
 const engine = await Saguaro.load({ target: bytes, draft: new Uint8Array(bytes) }, { onProgress: (p) => phases.add(p.phase) });
 check(engine.info.backend === 'cpu' && engine.info.hasDraft, `loaded on the CPU with a draft (${JSON.stringify(engine.info)})`);
+// Node 20's V8 runs relaxed SIMD only behind a flag, so the package loads its simd128 build.
+check(/simd128/.test(engine.info.targetBackend), `the CPU target runs the simd128 kernels (${engine.info.targetBackend})`);
 check(phases.has('download'), 'progress reported');
 
 const ar = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
