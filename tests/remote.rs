@@ -393,3 +393,32 @@ fn the_server_refuses_bad_requests_and_stays_up() {
     assert_eq!(v["status"], "ok");
     assert_eq!(v["sessions"], 2, "{health}");
 }
+
+fn cli(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_saguaro")).args(args).output().expect("the saguaro binary runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn the_cli_generates_against_the_server_as_it_does_locally() {
+    let server = Serve::start(&[]);
+    let model = util::root().join(format!("models/{}.gguf", util::SMOLLM2));
+    let model = model.to_str().unwrap();
+    let common = ["generate", "--prompt", "def quicksort(items):", "--max-tokens", "24", "--json", "--threads", "1"];
+    let (ok, out, err) = cli(&[&common[..], &["--target", model, "--mode", "ar"]].concat());
+    assert!(ok, "{err}");
+    let want: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for mode in ["ar", "sd", "ssd", "auto"] {
+        let (ok, out, err) =
+            cli(&[&common[..], &["--target", &server.url, "--draft", model, "--draft-threads", "1", "--mode", mode]].concat());
+        assert!(ok, "{mode}: {err}");
+        let got: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{mode}: {e}: {out}"));
+        assert_eq!(got["tokens"], want["tokens"], "{mode}");
+        let remote = &got["stats"]["remote"];
+        assert!(remote["round_trips"].as_u64().unwrap() > 0 && remote["bytes_sent"].as_u64().unwrap() > 0, "{mode}: {remote}");
+    }
+    let (ok, _, err) = cli(&[&common[..], &["--target", &server.url, "--draft", model, "--temperature", "0.7"]].concat());
+    assert!(!ok && err.contains("error: --top-k: a server target returns its 64 likeliest tokens"), "{err}");
+    let (ok, _, err) = cli(&[&common[..], &["--target", &server.url]].concat());
+    assert!(!ok && err.contains("needs a --draft model"), "{err}");
+}

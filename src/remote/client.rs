@@ -219,6 +219,8 @@ impl RemoteTarget {
     /// Run `tokens` after the committed sequence and return, for each of `rows` (indices into
     /// `tokens`), the server's `n` most likely next tokens after that row, most likely first.
     fn score(&mut self, batch: &Batch, rows: &[u32], n: usize) -> Result<Vec<Vec<TokenLogprob>>> {
+        // A failed forward leaves nothing for `advance` to commit.
+        self.written.clear();
         let len = self.committed.len();
         check_causal(batch, len)?;
         let m = batch.len();
