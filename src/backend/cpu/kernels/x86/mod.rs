@@ -1,6 +1,7 @@
 //! x86-64 kernels, in three sets chosen at run time by CPU features: AVX2 (with FMA and F16C),
-//! AVX-VNNI (256-bit VNNI without AVX-512) and AVX-512 VNNI (with AVX-512F/BW/VL: VNNI on 256-bit
-//! vectors, and 32 vector registers instead of 16, which a batch of rows runs short of).
+//! AVX-VNNI (256-bit VNNI without AVX-512) and AVX-512 VNNI (with AVX-512F/BW/VL: 32 vector
+//! registers instead of 16, which a batch of rows runs short of, and the 16-bit-activation dot on
+//! 512-bit vectors).
 //!
 //! Weight values are decoded to 32 bytes in a register, the same way in every set (this module).
 //! With 8-bit activations they are multiplied with 32 activation bytes by `maddubs` (unsigned
@@ -8,7 +9,8 @@
 //! `dpwssd`; an unscaled 32-value block takes `dpbusd` in one step. With 16-bit activations a
 //! K-quant's values are widened and scaled at once by two `maddubs` against their scale bytes (even
 //! positions, then odd ones, as the activations are laid out for them), less 32 for Q6_K, whose
-//! stored offset that removes; each activation row then costs two `dpwssd`s. VNNI does each of
+//! stored offset that removes; each activation row then costs two `dpwssd`s (one 512-bit one in the
+//! AVX-512 set, whose `maddubs` scales both parities at once). VNNI does each of
 //! those multiply-adds in one instruction where AVX2 takes two or three ([`integer`]). Weights are
 //! prefetched ahead of use.
 
