@@ -191,6 +191,8 @@ pub struct Engine {
 struct Remote {
     link: crate::remote::RemoteLink,
     top_n: usize,
+    /// The server again, for mode AR: it generates on its own there.
+    server: crate::remote::RemoteTarget,
 }
 
 /// The draft model's defaults, measured with the Qwen 2.5 Coder pair on a 2-core CPU (README: "A
@@ -366,7 +368,7 @@ impl Engine {
         target.check_vocab(draft.weights.config.vocab_size, &draft.tokenizer.vocab_fingerprint())?;
         crate::decode::check_draft(target.config(), &draft.weights.config)?;
         let capacity = Self::capacity(target.config(), opts);
-        let remote = Remote { link: target.link(), top_n: target.options().top_n };
+        let remote = Remote { link: target.link(), top_n: target.options().top_n, server: target.fork() };
         let mut target_lm: BoxedLm = Box::new(target);
         let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
         let slimmed = slimming(&draft, opts).apply(&draft.weights)?;
@@ -405,11 +407,12 @@ impl Engine {
     }
 
     /// A server target returns its `top_n` likeliest tokens per position: sampling from them is
-    /// the target's own sampling only when top-k keeps no more than those.
+    /// the target's own sampling only when top-k keeps no more than those. (In mode AR the
+    /// server samples on its own, from the whole distribution.)
     #[cfg(feature = "native")]
-    fn check_remote_sampling(&self, sampling: &SamplingParams) -> Result<()> {
+    fn check_remote_sampling(&self, mode: Mode, sampling: &SamplingParams) -> Result<()> {
         match &self.remote {
-            Some(r) if !sampling.is_greedy() && !(1..=r.top_n).contains(&sampling.top_k) => Err(Error::option(
+            Some(r) if mode != Mode::Ar && !sampling.is_greedy() && !(1..=r.top_n).contains(&sampling.top_k) => Err(Error::option(
                 "top_k",
                 format!(
                     "a server target returns its {} likeliest tokens per position, so sampling from it is exact only \
@@ -517,10 +520,10 @@ impl Engine {
         on_text: &mut dyn FnMut(&str, usize) -> bool,
     ) -> Result<Completion> {
         opts.validate()?;
-        #[cfg(feature = "native")]
-        self.check_remote_sampling(&opts.sampling)?;
-        let ids = self.encode(prompt)?;
         let mode = opts.mode.unwrap_or_else(|| self.default_mode());
+        #[cfg(feature = "native")]
+        self.check_remote_sampling(mode, &opts.sampling)?;
+        let ids = self.encode(prompt)?;
         let auto = self.choice.as_ref().filter(|_| opts.mode.is_none() && opts.spec.is_none());
         let spec = match &opts.spec {
             None if auto.is_some() => SpecConfig { k: auto.map_or(self.spec.k, |c| c.k), ..self.spec.clone() },
@@ -564,6 +567,11 @@ impl Engine {
         };
         let target: &mut dyn Lm = self.target.as_mut();
         let g = match mode {
+            #[cfg(feature = "native")]
+            Mode::Ar if self.remote.is_some() => {
+                let remote = self.remote.as_mut().ok_or_else(|| not_prepared(mode))?;
+                remote.server.generate_on_server(&req, &mut sink)
+            }
             Mode::Ar => generate_ar(target, &req, &mut sink).await,
             Mode::Sd if self.lookup.is_some() => {
                 let vocab = target.config().vocab_size;

@@ -190,6 +190,23 @@ fn sampling_is_refused_unless_top_k_fits_what_the_server_returns() {
 }
 
 #[test]
+fn in_mode_ar_the_server_generates_on_its_own_in_one_request() {
+    let server = Serve::start(&[]);
+    let mut e = engine(remote(&server.url, |_| {}), Mode::Ar);
+    let text = "Write a haiku about the sea.";
+    let ids = smol().tokenizer.encode(text).unwrap();
+    // Any sampling: the server samples from its whole distribution, with the same seeded stream.
+    for sampling in [SamplingParams::default(), SamplingParams { temperature: 0.8, top_k: 0, top_p: 0.9, seed: 3 }] {
+        let req = Request { stop: smol().tokenizer.eos_ids().to_vec(), ..request(&ids, 20, sampling) };
+        let want = ar(local(512).as_mut(), &req).tokens;
+        let opts = GenerateOptions { mode: Some(Mode::Ar), sampling, ..greedy(20) };
+        let got = block_on(e.generate(&Prompt::Tokens(ids.clone()), &opts, &mut |_, _| true)).unwrap();
+        assert_eq!(got.tokens, want, "{sampling:?}");
+        assert_eq!(got.stats.remote.as_ref().map(|r| r.round_trips), Some(1), "{:?}", got.stats.remote);
+    }
+}
+
+#[test]
 fn a_draft_with_another_vocabulary_is_refused_at_load() {
     let server = Serve::start(&[]);
     let qwen = util::model(util::QWEN_05B);
@@ -417,7 +434,8 @@ fn the_cli_generates_against_the_server_as_it_does_locally() {
         let remote = &got["stats"]["remote"];
         assert!(remote["round_trips"].as_u64().unwrap() > 0 && remote["bytes_sent"].as_u64().unwrap() > 0, "{mode}: {remote}");
     }
-    let (ok, _, err) = cli(&[&common[..], &["--target", &server.url, "--draft", model, "--temperature", "0.7"]].concat());
+    let sampled_sd = ["--target", &server.url, "--draft", model, "--mode", "sd", "--temperature", "0.7"];
+    let (ok, _, err) = cli(&[&common[..], &sampled_sd[..]].concat());
     assert!(!ok && err.contains("error: --top-k: a server target returns its 64 likeliest tokens"), "{err}");
     let (ok, _, err) = cli(&[&common[..], &["--target", &server.url]].concat());
     assert!(!ok && err.contains("needs a --draft model"), "{err}");

@@ -16,6 +16,7 @@ use web_time::Instant;
 
 use super::protocol::{ErrorBody, GenerateRequest, GenerateResponse, ModelInfo, TokenLogprob, WireSampling};
 use crate::backend::Batch;
+use crate::decode::{elapsed_ms, Generation, Output, Request, Sink, Stats};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::runner::Lm;
@@ -109,7 +110,7 @@ impl RemoteTarget {
     /// server's vocabulary size and context length when the server says them.
     pub fn connect(opts: RemoteOptions, draft: &ModelConfig) -> Result<RemoteTarget> {
         if opts.top_n == 0 {
-            return Err(Error::option("top_n", "must be at least 1"));
+            return Err(Error::option("server_top_n", "must be at least 1"));
         }
         if !opts.url.starts_with("http://") {
             return Err(Error::option("target", format!("'{}': a server is given as http://HOST:PORT", opts.url)));
@@ -122,7 +123,7 @@ impl RemoteTarget {
         let mut target = RemoteTarget {
             agent,
             opts,
-            info: ModelInfo { model_path: String::new(), is_generation: true, vocab_size: None, vocab_fingerprint: None, context_length: None },
+            info: ModelInfo::default(),
             config: draft.clone(),
             committed: Vec::new(),
             written: Vec::new(),
@@ -145,6 +146,63 @@ impl RemoteTarget {
 
     pub fn options(&self) -> &RemoteOptions {
         &self.opts
+    }
+
+    /// A second handle on the same server, counting into the same [`RemoteLink`].
+    pub fn fork(&self) -> RemoteTarget {
+        RemoteTarget {
+            agent: self.agent.clone(),
+            opts: self.opts.clone(),
+            info: self.info.clone(),
+            config: self.config.clone(),
+            committed: Vec::new(),
+            written: Vec::new(),
+            link: self.link.clone(),
+        }
+    }
+
+    /// Remote AR: the server generates `req` on its own in one request, with its own sampling
+    /// (the whole distribution, so any top-k and top-p), and the tokens arrive together.
+    pub fn generate_on_server(&mut self, req: &Request, sink: Sink<'_>) -> Result<Generation> {
+        let room = req.validate(self, 0)?;
+        let p = &req.sampling;
+        let wire = GenerateRequest {
+            input_ids: req.prompt.clone(),
+            sampling_params: WireSampling {
+                max_new_tokens: req.max_tokens.min(room),
+                temperature: p.temperature,
+                top_k: if p.top_k == 0 { -1 } else { i64::try_from(p.top_k).unwrap_or(i64::MAX) },
+                top_p: p.top_p,
+                stop_token_ids: req.stop.clone(),
+                sampling_seed: Some(p.seed),
+            },
+            return_logprob: false,
+            logprob_start_len: -1,
+            top_logprobs_num: 0,
+            rid: None,
+        };
+        let body = serde_json::to_vec(&wire).map_err(|e| Error::server(format!("request not encoded: {e}")))?;
+        let t = Instant::now();
+        let limit = (64 * 1024 + wire.sampling_params.max_new_tokens * 16) as u64;
+        let resp: GenerateResponse = self.call("POST", "/generate", Some(&body), limit)?;
+        let ms = elapsed_ms(t);
+        let meta = &resp.meta_info;
+        self.link.update(|s| {
+            s.round_trips += 1;
+            s.server_ms += meta.e2e_latency.map_or(ms, |secs| secs * 1000.0);
+            s.cached_tokens += meta.cached_tokens;
+            s.input_tokens += req.prompt.len();
+        });
+        let vocab = self.config.vocab_size;
+        if let Some(t) = resp.output_ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::server(format!("the answer names token {t} outside the vocabulary of {vocab}")));
+        }
+        let mut out = Output::new(req, room, sink);
+        out.push(&resp.output_ids);
+        let mut stats = Stats { mode: "ar".into(), prompt_tokens: req.prompt.len(), rounds: 1, ..Stats::default() };
+        stats.target_busy_ms = ms;
+        stats.finish(out.tokens.len(), ms);
+        Ok(out.into_generation(stats))
     }
 
     /// The counters of this target's requests.

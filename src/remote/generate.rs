@@ -10,7 +10,8 @@ use crate::sampling::{self, Rng, SamplingParams};
 /// What a request may ask of the server.
 #[derive(Clone, Debug)]
 pub struct Limits {
-    /// Input positions scored per request (each costs a row of vocabulary-wide logits).
+    /// Input positions scored per request (each costs a row of vocabulary-wide logits); a
+    /// verification of K draft tokens scores K.
     pub max_scored: usize,
     pub max_top_logprobs: usize,
     pub max_new_tokens: usize,

@@ -105,7 +105,7 @@ pub struct GenerateResponse {
 /// `GET /get_model_info`. SGLang answers `model_path` and more; `vocab_size` and
 /// `vocab_fingerprint` are what `saguaro serve` adds so a client can check its draft's
 /// vocabulary, `context_length` so it knows the room.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
     #[serde(default)]
     pub model_path: String,

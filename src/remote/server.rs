@@ -39,7 +39,7 @@ impl Default for ServeOptions {
             timeout,
             readers: 8,
             queue: 32,
-            limits: Limits { max_scored: 256, max_top_logprobs: 1024, max_new_tokens: 4096, time: timeout },
+            limits: Limits { max_scored: 64, max_top_logprobs: 1024, max_new_tokens: 4096, time: timeout },
         }
     }
 }
