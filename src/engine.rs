@@ -182,7 +182,7 @@ pub struct Engine {
     spec: SpecConfig,
     /// The measured choice of mode and K, refined by the acceptance later generations see.
     choice: Option<Choice>,
-    /// A target on a server: its request counters and how many tokens it returns per position.
+    /// A target on a server: its request counters, and a handle for mode AR.
     #[cfg(feature = "native")]
     remote: Option<Remote>,
 }
@@ -190,7 +190,6 @@ pub struct Engine {
 #[cfg(feature = "native")]
 struct Remote {
     link: crate::remote::RemoteLink,
-    top_n: usize,
     /// The server again, for mode AR: it generates on its own there.
     server: crate::remote::RemoteTarget,
 }
@@ -368,7 +367,7 @@ impl Engine {
         target.check_vocab(draft.weights.config.vocab_size, &draft.tokenizer.vocab_fingerprint())?;
         crate::decode::check_draft(target.config(), &draft.weights.config)?;
         let capacity = Self::capacity(target.config(), opts);
-        let remote = Remote { link: target.link(), top_n: target.options().top_n, server: target.fork() };
+        let remote = Remote { link: target.link(), server: target.fork() };
         let mut target_lm: BoxedLm = Box::new(target);
         let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
         let slimmed = slimming(&draft, opts).apply(&draft.weights)?;
@@ -411,17 +410,18 @@ impl Engine {
     /// server samples on its own, from the whole distribution.)
     #[cfg(feature = "native")]
     fn check_remote_sampling(&self, mode: Mode, sampling: &SamplingParams) -> Result<()> {
-        match &self.remote {
-            Some(r) if mode != Mode::Ar && !sampling.is_greedy() && !(1..=r.top_n).contains(&sampling.top_k) => Err(Error::option(
-                "top_k",
-                format!(
-                    "a server target returns its {} likeliest tokens per position, so sampling from it is exact only \
-                     with top_k between 1 and {}; got {}",
-                    r.top_n, r.top_n, sampling.top_k
-                ),
-            )),
-            _ => Ok(()),
+        let Some(n) = self.remote.as_ref().map(|r| r.server.options().top_n) else { return Ok(()) };
+        if mode == Mode::Ar || sampling.is_greedy() || (1..=n).contains(&sampling.top_k) {
+            return Ok(());
         }
+        Err(Error::option(
+            "top_k",
+            format!(
+                "a server target returns its {n} likeliest tokens per position, so sampling from it is exact only \
+                 with top_k between 1 and {n}; got {}",
+                sampling.top_k
+            ),
+        ))
     }
 
     /// KV slots a draft needs for `opts`: the context plus the speculation scratch.

@@ -1,5 +1,5 @@
-//! What a server target cost each mode: requests (each one target forward on the server) per
-//! generated token, bytes per request each way, and time per request on the wire and on the
+//! What a server target cost each mode: requests per generated token (SD and SSD: each one
+//! target forward on the server), bytes per request each way, and time per request on the wire and on the
 //! server. Printed under the bench's table when the target is a server.
 
 use serde::Serialize;
@@ -12,7 +12,7 @@ use super::Run;
 #[derive(Serialize)]
 pub struct ServerRow {
     pub mode: String,
-    pub forwards_per_token: f64,
+    pub requests_per_token: f64,
     pub retries: usize,
     pub bytes_sent_per_request: f64,
     pub bytes_received_per_request: f64,
@@ -33,7 +33,7 @@ pub fn rows(runs: &[Run]) -> Vec<ServerRow> {
             let tokens = r.gens.iter().map(|g| g.stats.generated).sum::<usize>().max(1) as f64;
             Some(ServerRow {
                 mode: label(r),
-                forwards_per_token: requests / tokens,
+                requests_per_token: requests / tokens,
                 retries: stats.iter().map(|s| s.retries).sum(),
                 bytes_sent_per_request: sum(&|s| s.bytes_sent as f64) / requests,
                 bytes_received_per_request: sum(&|s| s.bytes_received as f64) / requests,
@@ -47,13 +47,13 @@ pub fn rows(runs: &[Run]) -> Vec<ServerRow> {
 pub fn print(rows: &[ServerRow]) {
     println!(
         "{:<22} {:>12} {:>7} {:>9} {:>9} {:>9} {:>9}",
-        "server", "forwards/tok", "retries", "B up/req", "B dn/req", "rtt ms", "server ms"
+        "server", "requests/tok", "retries", "B up/req", "B dn/req", "rtt ms", "server ms"
     );
     for r in rows {
         println!(
             "{:<22} {:>12.3} {:>7} {:>9.0} {:>9.0} {:>9.1} {:>9.1}",
             r.mode,
-            r.forwards_per_token,
+            r.requests_per_token,
             r.retries,
             r.bytes_sent_per_request,
             r.bytes_received_per_request,
@@ -61,5 +61,6 @@ pub fn print(rows: &[ServerRow]) {
             r.server_ms_per_request
         );
     }
-    println!("(per request: one target forward on the server, the prefill's included; rtt: as the client saw it)");
+    println!("(SD, SSD: one target forward per request, the prefill's included; AR: the server generates on its own,");
+    println!(" one forward per token, in one request; rtt: as the client saw it)");
 }
