@@ -369,6 +369,9 @@ fn post(url: &str, body: &str) -> (u16, String) {
 fn the_server_refuses_bad_requests_and_stays_up() {
     let server = Serve::start(&["--max-body", "2000", "--max-sessions", "2"]);
     let url = &server.url;
+    // A slow client: its body never finishes arriving while everything below is served.
+    let mut slow = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    slow.write_all(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"input_ids\": [1,").unwrap();
     for (body, status, says) in [
         ("{not json", 400, "malformed request"),
         (r#"{"input_ids": []}"#, 400, "input_ids is empty"),
@@ -404,11 +407,26 @@ fn the_server_refuses_bad_requests_and_stays_up() {
         let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
         assert_eq!(v["output_ids"].as_array().unwrap().len(), 2, "{answer}");
     }
+    // Sessions are found by shared prefix and the least recently used is evicted.
+    let cached = |ids: &[u32]| {
+        let (got, answer) = post(url, &format!(r#"{{"input_ids": {ids:?}, "sampling_params": {{"max_new_tokens": 1}}}}"#));
+        assert_eq!(got, 200, "{answer}");
+        serde_json::from_str::<serde_json::Value>(&answer).unwrap()["meta_info"]["cached_tokens"].as_u64().unwrap()
+    };
+    let (a, b, c): (Vec<u32>, Vec<u32>, Vec<u32>) = ((1..30).collect(), (300..330).collect(), (600..630).collect());
+    cached(&a);
+    cached(&b);
+    assert_eq!(cached(&[&a[..], &[7, 8]].concat()), a.len() as u64, "a continues its session");
+    assert_eq!(cached(&c), 0, "c takes b's session, the least recently used");
+    assert_eq!(cached(&b), 0, "b's session was evicted; b now takes a's, the least recently used");
+    assert_eq!(cached(&[&c[..], &[9]].concat()), c.len() as u64, "c's session is kept");
+    assert_eq!(cached(&a), 0, "a's session was evicted");
     let (got, health) = exchange(url, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     assert_eq!(got, 200, "{health}");
     let v: serde_json::Value = serde_json::from_str(&health).unwrap();
     assert_eq!(v["status"], "ok");
     assert_eq!(v["sessions"], 2, "{health}");
+    drop(slow);
 }
 
 fn cli(args: &[&str]) -> (bool, String, String) {
