@@ -83,7 +83,8 @@ pub fn answer(model: &mut dyn PrefixModel, req: &GenerateRequest, limits: &Limit
         return bad(format!("scoring {} input positions exceeds this server's limit of {}", n - start, limits.max_scored));
     }
     let s = &req.sampling_params;
-    if !(s.temperature.is_finite() && s.temperature >= 0.0) || !(s.top_p > 0.0 && s.top_p <= 1.0) {
+    // Written as one negated range test so that NaN is refused too.
+    if !(s.temperature.is_finite() && s.temperature >= 0.0 && s.top_p > 0.0 && s.top_p <= 1.0) {
         return bad("sampling_params: temperature must be >= 0 and top_p in (0, 1]".into());
     }
     let params = SamplingParams {
