@@ -276,50 +276,41 @@ pub(crate) mod avx2 {
 // splits most `vpdpwssd`s back into `vpmaddwd` + `vpaddd` (two instructions instead of one)
 // wherever that shortens a chain of adds, which undid most of what VNNI saves.
 
-/// `vpdpwssd` on 256-bit vectors, VEX-encoded (AVX-VNNI).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-fn dpwssd_vex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    // SAFETY: an AVX-VNNI instruction on registers alone, in a function compiled for AVX-VNNI.
-    unsafe { asm!("{{vex}} vpdpwssd {0}, {1}, {2}", inout(ymm_reg) acc, in(ymm_reg) a, in(ymm_reg) b, options(pure, nomem, nostack)) };
-    acc
+/// Defines `$name(acc, a, b)`: the one instruction `$insn` on registers of class `$reg`, in a
+/// function compiled for `$features`.
+macro_rules! multiply_add {
+    ($(#[$doc:meta])* $name:ident($ty:ty, $reg:ident): $features:literal, $insn:literal) => {
+        $(#[$doc])*
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn $name(mut acc: $ty, a: $ty, b: $ty) -> $ty {
+            // SAFETY: an instruction of this function's target features, on registers alone.
+            unsafe { asm!($insn, inout($reg) acc, in($reg) a, in($reg) b, options(pure, nomem, nostack)) };
+            acc
+        }
+    };
 }
 
-/// `vpdpbusd` on 256-bit vectors, VEX-encoded (AVX-VNNI).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-fn dpbusd_vex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    // SAFETY: as in dpwssd_vex.
-    unsafe { asm!("{{vex}} vpdpbusd {0}, {1}, {2}", inout(ymm_reg) acc, in(ymm_reg) a, in(ymm_reg) b, options(pure, nomem, nostack)) };
-    acc
-}
-
-/// `vpdpwssd` on 256-bit vectors, EVEX-encoded (AVX-512 VNNI + VL), in any of the 32 registers.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn dpwssd_evex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    // SAFETY: an AVX-512 VNNI instruction on registers alone, in a function compiled for it.
-    unsafe { asm!("vpdpwssd {0:y}, {1:y}, {2:y}", inout(zmm_reg) acc, in(zmm_reg) a, in(zmm_reg) b, options(pure, nomem, nostack)) };
-    acc
-}
-
-/// `vpdpbusd` on 256-bit vectors, EVEX-encoded.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn dpbusd_evex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    // SAFETY: as in dpwssd_evex.
-    unsafe { asm!("vpdpbusd {0:y}, {1:y}, {2:y}", inout(zmm_reg) acc, in(zmm_reg) a, in(zmm_reg) b, options(pure, nomem, nostack)) };
-    acc
-}
-
-/// `vpdpwssd` on 512-bit vectors.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn dpwssd_512(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-    // SAFETY: as in dpwssd_evex.
-    unsafe { asm!("vpdpwssd {0}, {1}, {2}", inout(zmm_reg) acc, in(zmm_reg) a, in(zmm_reg) b, options(pure, nomem, nostack)) };
-    acc
-}
+multiply_add!(
+    /// `vpdpwssd` on 256-bit vectors, VEX-encoded (AVX-VNNI).
+    dpwssd_vex(__m256i, ymm_reg): "avx2,fma,f16c,avxvnni", "{{vex}} vpdpwssd {0}, {1}, {2}"
+);
+multiply_add!(
+    /// `vpdpbusd` on 256-bit vectors, VEX-encoded (AVX-VNNI).
+    dpbusd_vex(__m256i, ymm_reg): "avx2,fma,f16c,avxvnni", "{{vex}} vpdpbusd {0}, {1}, {2}"
+);
+multiply_add!(
+    /// `vpdpwssd` on 256-bit vectors, EVEX-encoded (AVX-512 VNNI + VL), in any of the 32 registers.
+    dpwssd_evex(__m256i, zmm_reg): "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", "vpdpwssd {0:y}, {1:y}, {2:y}"
+);
+multiply_add!(
+    /// `vpdpbusd` on 256-bit vectors, EVEX-encoded.
+    dpbusd_evex(__m256i, zmm_reg): "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", "vpdpbusd {0:y}, {1:y}, {2:y}"
+);
+multiply_add!(
+    /// `vpdpwssd` on 512-bit vectors.
+    dpwssd_512(__m512i, zmm_reg): "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", "vpdpwssd {0}, {1}, {2}"
+);
 
 pub(crate) mod avx_vnni {
     super::integer::integer_kernels!("avx2,fma,f16c,avxvnni", dpwssd: dpwssd_vex, dpbusd: dpbusd_vex, i16: narrow);
