@@ -245,8 +245,10 @@ fn run<A: Sync>(pool: &Pool, w: &Weight, x: &[A], m: usize, kernel: RowsFn<A>, o
         let own = c * rows..((c + 1) * rows).min(n);
         let wc = w.rows_range(own.clone());
         let mut o = vec![0.0f32; own.len() * MAX_ROWS];
-        for i0 in (0..m).step_by(MAX_ROWS) {
-            let g = MAX_ROWS.min(m - i0);
+        // Groups of equal size rather than full ones and a remainder: 10 rows as 5 + 5, not 9 + 1.
+        let per_group = m.div_ceil(m.div_ceil(MAX_ROWS));
+        for i0 in (0..m).step_by(per_group) {
+            let g = per_group.min(m - i0);
             let o = &mut o[..own.len() * g];
             // SAFETY: `pick` chose kernels this CPU runs; the group holds g activation rows.
             unsafe { kernel(wc, &x[i0 * per_row..(i0 + g) * per_row], g, o) };

@@ -23,8 +23,9 @@ pub(crate) mod wasm;
 #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
 pub(crate) mod wasm_relaxed;
 
-/// The most activation rows one kernel call takes: their accumulators stay in registers.
-pub(crate) const MAX_ROWS: usize = 8;
+/// The most activation rows one kernel call takes: their accumulators stay in registers. Nine
+/// covers a verification of up to 8 drafted tokens in one pass over the weights.
+pub(crate) const MAX_ROWS: usize = 9;
 
 /// `out[j * rows + i] = dot(weight row j, activation row i)` for every weight row `j` laid out back
 /// to back in the first argument and `rows` (1..=[`MAX_ROWS`]) activation rows laid out back to
@@ -231,6 +232,7 @@ macro_rules! by_rows {
             6 => run!(6),
             7 => run!(7),
             8 => run!(8),
+            9 => run!(9),
             _ => unreachable!("at most MAX_ROWS activation rows per call"),
         }
     }};
