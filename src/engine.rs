@@ -195,9 +195,9 @@ struct Remote {
 }
 
 /// The draft model's defaults, measured with the Qwen 2.5 Coder pair on a 2-core CPU
-/// (docs/measurements.md: "A cheaper draft"): Q4_K (its 896-value rows padded to 1,024 on the CPU, Q4_1 elsewhere) and the
-/// 65,536 lowest token ids keep the 0.5B draft's acceptance on code (0.85 as stored, 0.87
-/// requantized) and read about 255 MB of weights per step instead of 392 MB.
+/// (docs/measurements.md: "A cheaper draft"): Q4_K (its 896-value rows padded to 1,024 on the
+/// CPU, Q4_1 elsewhere) and the 65,536 lowest token ids keep the 0.5B draft's acceptance on code
+/// (0.85 as stored, 0.87 requantized) and read about 255 MB of weights per step instead of 392 MB.
 pub const DEFAULT_DRAFT_QUANT: Option<DType> = Some(DType::Q4K);
 pub const DEFAULT_DRAFT_HEAD: Option<usize> = Some(65_536);
 
