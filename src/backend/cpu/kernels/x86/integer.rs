@@ -11,7 +11,8 @@
 //! i32, where the two forms compute the same integers, so every set gives the same bits.
 
 /// Defines `KERNELS` for the set whose target features are `$features`, with its two
-/// multiply-adds (see the module doc).
+/// multiply-adds (see the module doc) and its dot of 16-bit activations: `narrow` on 256-bit
+/// vectors, or `wide` on 512-bit ones (AVX-512 only).
 macro_rules! integer_kernels {
     ($features:literal, dpwssd: $dpwssd:path, dpbusd: $dpbusd:path, i16: $i16:ident) => {
         use std::arch::x86_64::*;
