@@ -6,6 +6,8 @@ mod util;
 
 use std::process::Command;
 
+use saguaro::backend::cpu::KernelSet;
+
 fn saguaro(args: &[&str]) -> (bool, String, String) {
     let model = util::root().join(format!("models/{}.gguf", util::SMOLLM2));
     let out = Command::new(env!("CARGO_BIN_EXE_saguaro"))
@@ -59,6 +61,31 @@ fn bench_refuses_bad_values_before_loading() {
         assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("loading target"), "{args:?} loaded the model first: {err}");
     }
+}
+
+/// Kernel set names: an unknown one on the command line is refused with the names there are, one
+/// for the GPU backend is refused as a CPU option, and an unknown one in `SAGUARO_KERNELS` is said
+/// on stderr while the fastest set runs.
+#[test]
+fn kernel_set_names_are_checked() {
+    for (args, want) in [
+        (&["--backend", "cpu", "--kernels", "avx9"][..], "no kernel set \"avx9\" (one of scalar, simd128, relaxed-simd, avx2"),
+        (&["--backend", "gpu", "--kernels", "scalar"], "--kernels names CPU kernel sets: use it with --backend cpu"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_saguaro")).arg("bench-kernels").args(args).output().expect("the saguaro binary runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_saguaro"))
+        .arg("devices")
+        .env("SAGUARO_KERNELS", "avx9")
+        .output()
+        .expect("the saguaro binary runs");
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("SAGUARO_KERNELS=avx9: no such kernel set"), "{err}");
+    let best = KernelSet::ALL.into_iter().rev().find(|s| s.supported()).unwrap();
+    assert!(stdout.contains(&format!("kernels {} (this CPU runs:", best.name())), "{stdout}");
 }
 
 #[test]

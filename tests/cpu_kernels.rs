@@ -202,6 +202,16 @@ fn every_set_and_precision() -> Vec<(KernelSet, Precision)> {
     sets.flat_map(|s| [(s, Precision::Exact), (s, Precision::Fast)]).collect()
 }
 
+/// A backend on a kernel set this machine cannot run is refused with an error, not built to fault
+/// on its first instruction.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn a_set_the_cpu_cannot_run_is_refused() {
+    let err = saguaro::backend::cpu::CpuBackend::new(1).unwrap().with_kernels(KernelSet::Simd128).err();
+    let err = err.expect("simd128 is refused on a native CPU").to_string();
+    assert!(err.contains("this CPU cannot run the simd128 kernels"), "{err}");
+}
+
 /// A weight of rows with no values dots to zero with any batch, on every path, rather than
 /// dividing a row into zero-sized pieces.
 #[test]
