@@ -68,28 +68,19 @@ pub enum FinishReason {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct MetaInfo {
-    #[serde(default)]
     pub id: Option<String>,
-    #[serde(default)]
     pub finish_reason: Option<FinishReason>,
-    #[serde(default)]
     pub prompt_tokens: usize,
-    #[serde(default)]
     pub completion_tokens: usize,
     /// Prompt tokens whose KV the server already held (its prefix cache).
-    #[serde(default)]
     pub cached_tokens: usize,
     /// Seconds from the request's arrival to its answer, on the server.
-    #[serde(default)]
     pub e2e_latency: Option<f64>,
-    #[serde(default)]
     pub input_token_logprobs: Vec<TokenLogprob>,
-    #[serde(default)]
     pub input_top_logprobs: Vec<Option<Vec<TokenLogprob>>>,
-    #[serde(default)]
     pub output_token_logprobs: Vec<TokenLogprob>,
-    #[serde(default)]
     pub output_top_logprobs: Vec<Option<Vec<TokenLogprob>>>,
 }
 
@@ -106,16 +97,12 @@ pub struct GenerateResponse {
 /// `vocab_fingerprint` are what `saguaro serve` adds so a client can check its draft's
 /// vocabulary, `context_length` so it knows the room.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ModelInfo {
-    #[serde(default)]
     pub model_path: String,
-    #[serde(default)]
     pub is_generation: bool,
-    #[serde(default)]
     pub vocab_size: Option<usize>,
-    #[serde(default)]
     pub vocab_fingerprint: Option<String>,
-    #[serde(default)]
     pub context_length: Option<usize>,
 }
 
