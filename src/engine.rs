@@ -261,6 +261,29 @@ pub fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
     Ok(())
 }
 
+/// The draft's runners for the modes `wants` names: one on `opts.draft` for SD, one on
+/// `ssd_device` for SSD (on a thread of its own where `opts.ssd_thread`).
+async fn draft_runners(
+    weights: &ModelWeights,
+    capacity: usize,
+    opts: &EngineOptions,
+    ssd_device: &Device,
+    wants: impl Fn(Mode) -> bool,
+) -> Result<(Option<BoxedLm>, Option<DraftWorker>)> {
+    let sd = match wants(Mode::Sd) {
+        true => Some(opts.draft.runner(weights, capacity).await?),
+        false => None,
+    };
+    let ssd = match wants(Mode::Ssd) {
+        true => {
+            let lm = ssd_device.runner(weights, capacity).await?;
+            Some(if opts.ssd_thread { DraftWorker::new(lm)? } else { DraftWorker::inline(lm) })
+        }
+        false => None,
+    };
+    Ok((sd, ssd))
+}
+
 impl Engine {
     /// Place `target` (and `draft`, if any) as `opts` say. Without a draft, SD and SSD draft with
     /// a second instance of the target.
@@ -303,22 +326,12 @@ impl Engine {
             None => None,
         };
         let draft_weights = slimmed.as_ref().unwrap_or(&target.weights);
-        let mut sd_draft = match wants(Mode::Sd) {
-            true => Some(opts.draft.runner(draft_weights, capacity).await?),
-            false => None,
-        };
         let split = cpu_split(opts);
-        let ssd_draft = match wants(Mode::Ssd) {
-            true => {
-                let device = match (split, &opts.draft) {
-                    (Some((_, threads)), Device::Cpu { precision, .. }) => Device::Cpu { threads, precision: *precision },
-                    _ => opts.draft.clone(),
-                };
-                let lm = device.runner(draft_weights, capacity).await?;
-                Some(if opts.ssd_thread { DraftWorker::new(lm)? } else { DraftWorker::inline(lm) })
-            }
-            false => None,
+        let ssd_device = match (split, &opts.draft) {
+            (Some((_, threads)), Device::Cpu { precision, .. }) => Device::Cpu { threads, precision: *precision },
+            _ => opts.draft.clone(),
         };
+        let (mut sd_draft, ssd_draft) = draft_runners(draft_weights, capacity, opts, &ssd_device, wants).await?;
         let ssd_target = match (split, &opts.target) {
             (Some((threads, _)), Device::Cpu { precision, .. }) if ssd_draft.is_some() => {
                 Some(Device::Cpu { threads, precision: *precision }.runner(&target.weights, context).await?)
@@ -371,17 +384,7 @@ impl Engine {
         let mut target_lm: BoxedLm = Box::new(target);
         let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
         let slimmed = slimming(&draft, opts).apply(&draft.weights)?;
-        let mut sd_draft = match wants(Mode::Sd) {
-            true => Some(opts.draft.runner(&slimmed, capacity).await?),
-            false => None,
-        };
-        let ssd_draft = match wants(Mode::Ssd) {
-            true => {
-                let lm = opts.draft.runner(&slimmed, capacity).await?;
-                Some(if opts.ssd_thread { DraftWorker::new(lm)? } else { DraftWorker::inline(lm) })
-            }
-            false => None,
-        };
+        let (mut sd_draft, ssd_draft) = draft_runners(&slimmed, capacity, opts, &opts.draft, wants).await?;
         // The server computes beside the draft, so SSD's overlap is real whatever the draft runs on.
         let choice = match (opts.auto && opts.modes.len() != 1, sd_draft.as_deref_mut()) {
             (true, Some(d)) => {
