@@ -10,8 +10,8 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use saguaro::backend::cpu::{matmul, CpuPool};
 use saguaro::backend::random_weight;
-use saguaro::model::quant::DType;
-use saguaro::model::weights::Weight;
+use saguaro::storage::quant::DType;
+use saguaro::storage::Weight;
 use saguaro::sampling::Rng;
 
 const STREAM_BYTES: usize = 256 << 20;

@@ -14,7 +14,7 @@ use crate::decode::{
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::load::ModelFile;
-use crate::model::quant::DType;
+use crate::storage::quant::DType;
 use crate::model::slim::{check_quant, frequent_tokens, Slimming};
 use crate::model::runner::{BoxedLm, Lm, Runner};
 use crate::model::tokenizer::{apply_chat_template, ChatMessage, StreamDecoder, Tokenizer};

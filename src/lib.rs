@@ -17,6 +17,7 @@ pub mod model;
 pub mod remote;
 pub mod runtime;
 pub mod sampling;
+pub mod storage;
 #[cfg(all(target_arch = "wasm32", feature = "wasm"))]
 pub mod wasm;
 

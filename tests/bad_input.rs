@@ -5,7 +5,7 @@ mod util;
 use std::sync::Arc;
 
 use saguaro::model::load::{from_gguf, from_hf, open, FileSource};
-use saguaro::model::weights::Storage;
+use saguaro::storage::Storage;
 use saguaro::Error;
 use util::gguf_writer::{GgufWriter, Val};
 

@@ -20,9 +20,9 @@ mod reference;
 
 use saguaro::backend::cpu::{matmul_with, CpuPool, KernelSet, Precision};
 use saguaro::backend::random_weight;
-use saguaro::model::quant::{self, DType};
-use saguaro::model::quantize::{quantize, QUANTIZERS};
-use saguaro::model::weights::{Bytes, Weight};
+use saguaro::storage::quant::{self, DType};
+use saguaro::storage::quantize::{quantize, QUANTIZERS};
+use saguaro::storage::{Bytes, Weight};
 use rand::TestRng;
 
 #[cfg(target_arch = "wasm32")]

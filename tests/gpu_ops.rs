@@ -7,7 +7,7 @@ use saguaro::backend::cpu::{CpuBackend, Tensor as CpuTensor};
 use saguaro::backend::gpu::GpuOptions;
 use saguaro::backend::random_weight;
 use saguaro::backend::Backend;
-use saguaro::model::quant::DType;
+use saguaro::storage::quant::DType;
 use saguaro::Error;
 use util::rand::TestRng;
 

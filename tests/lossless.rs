@@ -18,7 +18,7 @@ use saguaro::decode::{
     PromptLookup, Request, SpecConfig,
 };
 use saguaro::model::load::ModelFile;
-use saguaro::model::quant::DType;
+use saguaro::storage::quant::DType;
 use saguaro::model::runner::{append, Hooked, Lm, Runner, Want};
 use saguaro::model::slim::{frequent_tokens, Slimming};
 use saguaro::model::weights::ModelWeights;

@@ -14,7 +14,7 @@ use saguaro::decode::{generate_ar, Request};
 use saguaro::model::load::{open, ModelFile};
 use saguaro::model::runner::Runner;
 use saguaro::model::transformer::Transformer;
-use saguaro::model::weights::Weight;
+use saguaro::storage::Weight;
 use saguaro::sampling::SamplingParams;
 
 fn f16_bytes(w: &Weight) -> Vec<u8> {

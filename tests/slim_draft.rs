@@ -8,14 +8,14 @@ mod util;
 use futures::executor::block_on;
 
 use saguaro::engine::EngineOptions;
-use saguaro::model::quant::DType;
+use saguaro::storage::quant::DType;
 use saguaro::model::runner::{append, Want};
 use saguaro::model::slim::{frequent_tokens, Slimming};
 use saguaro::model::transformer::Transformer;
 use saguaro::backend::cpu::{CpuBackend, Precision, Tensor};
 use saguaro::backend::Backend;
-use saguaro::model::quantize::quantize;
-use saguaro::model::weights::{Bytes, Weight};
+use saguaro::storage::quantize::quantize;
+use saguaro::storage::{Bytes, Weight};
 use saguaro::Error;
 
 use common::{runner, tiny_weights};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use saguaro::model::load::{from_hf, FileSource};
-use saguaro::model::weights::Storage;
+use saguaro::storage::Storage;
 use saguaro::Result;
 
 #[global_allocator]

@@ -7,9 +7,9 @@ use web_time::Instant;
 
 use super::{AttnShape, Backend, Batch};
 use crate::error::Result;
-use crate::model::quant::DType;
+use crate::storage::quant::DType;
 use crate::sampling::Rng;
-use crate::model::weights::{Bytes, Weight as HostWeight};
+use crate::storage::{Bytes, Weight as HostWeight};
 
 
 /// Shapes to time; the defaults are Qwen2.5-0.5B's.

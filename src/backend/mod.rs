@@ -11,7 +11,7 @@ pub use bench::{bench_kernels, random_weight, BenchOptions, KernelBench, Weights
 use std::future::Future;
 
 use crate::error::Result;
-use crate::model::weights::Weight;
+use crate::storage::Weight;
 
 /// Marks a padding entry in [`Mask::extra`].
 pub const NO_SLOT: u32 = u32::MAX;

@@ -8,9 +8,10 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::gguf::Gguf;
-use crate::model::quant::DType;
+use crate::storage::quant::DType;
 use crate::model::tokenizer::Tokenizer;
-use crate::model::weights::{Bytes, LayerWeights, ModelWeights, Storage, Weight};
+use crate::model::weights::{LayerWeights, ModelWeights};
+use crate::storage::{Bytes, Storage, Weight};
 
 /// Everything needed to run and talk to a model.
 pub struct ModelFile {

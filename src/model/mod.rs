@@ -4,8 +4,6 @@
 pub mod config;
 pub mod gguf;
 pub mod load;
-pub mod quant;
-pub mod quantize;
 pub mod runner;
 pub mod slim;
 pub mod tokenizer;

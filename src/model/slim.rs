@@ -7,10 +7,11 @@
 //! which the verification's rejection step handles like any token the draft finds unlikely.
 
 use crate::error::{Error, Result};
-use crate::model::quant::{self, DType};
-use crate::model::quantize::{quantize, QUANTIZERS};
+use crate::storage::quant::{self, DType};
+use crate::storage::quantize::{quantize, QUANTIZERS};
 use crate::model::tokenizer::Tokenizer;
-use crate::model::weights::{Bytes, ModelWeights, Weight};
+use crate::model::weights::ModelWeights;
+use crate::storage::{Bytes, Weight};
 
 /// The format and row length a `from` matrix of rows of `cols` values takes when `want` is asked
 /// for: `want`; for Q4_K on rows that are not whole 256-value blocks, either those rows padded

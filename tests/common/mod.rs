@@ -6,7 +6,8 @@ use saguaro::backend::cpu::CpuBackend;
 use saguaro::model::config::{Arch, ModelConfig};
 use saguaro::model::runner::Runner;
 use saguaro::model::transformer::Transformer;
-use saguaro::model::weights::{LayerWeights, ModelWeights, Weight};
+use saguaro::model::weights::{LayerWeights, ModelWeights};
+use saguaro::storage::Weight;
 use saguaro::sampling::Rng;
 
 /// A llama-shaped model with `vocab` tokens and seeded random weights. `scale` sets the spread

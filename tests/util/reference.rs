@@ -8,7 +8,7 @@
 //! on a backend without activation quantization (`levels` None), are allowed `1e-5 Σ_j |w_j x_j|`.
 
 use saguaro::backend::cpu::Precision;
-use saguaro::model::quant::{self, DType};
+use saguaro::storage::quant::{self, DType};
 
 /// The `L` of the module doc.
 pub fn levels(precision: Precision) -> f64 {

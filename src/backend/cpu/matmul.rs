@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 use super::kernels::{self, Kernels, RowsFn, MAX_ROWS};
 use super::pool::{Pool, SharedMut};
 use super::quantize::{quantize_32, quantize_k};
-use crate::model::quant::{DType, QK, QK_K};
-use crate::model::weights::Weight;
+use crate::storage::quant::{DType, QK, QK_K};
+use crate::storage::Weight;
 
 /// How precisely activations are quantized for the integer kernels of quantized weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

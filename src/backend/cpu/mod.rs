@@ -10,7 +10,7 @@ use std::future::{ready, Future};
 
 use crate::backend::{rope_table, AttnShape, Backend, Batch};
 use crate::error::{Error, Result};
-use crate::model::weights::Weight;
+use crate::storage::Weight;
 use pool::{Pool, SharedMut};
 
 pub use matmul::{matmul, matmul_with, KernelSet, Precision};

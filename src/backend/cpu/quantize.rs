@@ -10,7 +10,7 @@
 //! (`maddubs` + `madd` at 8 bits, two `madd` at 16 bits); 16 bits adds the widening of the weights
 //! to the block decode, which a batch shares.
 
-use crate::model::quant::{QK, QK_K};
+use crate::storage::quant::{QK, QK_K};
 
 /// An integer type activations are quantized to.
 pub trait ActInt: Copy + Default + Send + Sync + 'static {

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::backend::{AttnShape, Backend, Batch};
 use crate::error::{Error, Result};
-use crate::model::weights::Weight as HostWeight;
+use crate::storage::Weight as HostWeight;
 
 use buffers::{BufferPool, MetaCache, Pooled};
 use device::Faults;

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use crate::error::{Error, Result};
-use crate::model::quant::DType;
-use crate::model::weights::Weight as HostWeight;
+use crate::storage::quant::DType;
+use crate::storage::Weight as HostWeight;
 
 use super::buffers::upload;
 use super::GpuBackend;

@@ -11,7 +11,7 @@ use saguaro::backend::cpu::{CpuBackend, KernelSet};
 use saguaro::backend::gpu::list_adapters;
 use saguaro::backend::{bench_kernels, BenchOptions, KernelBench, WeightsIn};
 use saguaro::model::load::open;
-use saguaro::model::quant::DType;
+use saguaro::storage::quant::DType;
 use saguaro::{Error, Result};
 
 use crate::setup::{BackendKind, DeviceArgs};

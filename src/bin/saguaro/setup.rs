@@ -14,7 +14,7 @@ use saguaro::backend::cpu::Precision;
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
 use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE};
 use saguaro::engine::{Device, Engine, EngineOptions, DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT};
-use saguaro::model::quant::DType;
+use saguaro::storage::quant::DType;
 use saguaro::model::slim::check_quant;
 use saguaro::model::load::{open, ModelFile};
 use saguaro::remote::{RemoteOptions, RemoteTarget};

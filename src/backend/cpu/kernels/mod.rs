@@ -13,7 +13,7 @@
 //! activation rows while it sits in registers.
 
 use super::quantize::{Act32, ActInt, ActK, Order};
-use crate::model::quant::{f16_at, scales_mins_k4, DType, QK, QK_K};
+use crate::storage::quant::{f16_at, scales_mins_k4, DType, QK, QK_K};
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;

@@ -24,7 +24,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::*;
-use crate::model::quant::scales_mins_k4;
+use crate::storage::quant::scales_mins_k4;
 
 /// Both f16 halves of `bits` as f32.
 #[inline]

@@ -357,7 +357,7 @@ mod tests {
         assert_eq!(y[31], 7.5);
     }
 
-    use crate::model::quantize::pack_scale_min_k4 as k_scales;
+    use crate::storage::quantize::pack_scale_min_k4 as k_scales;
 
     #[test]
     fn q4_k_and_q5_k() {

@@ -10,7 +10,7 @@
 use half::f16;
 
 use crate::error::{Error, Result};
-use crate::model::quant::{DType, QK, QK_K};
+use crate::storage::quant::{DType, QK, QK_K};
 
 /// The formats [`quantize`] writes.
 pub const QUANTIZERS: [DType; 4] = [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K];
@@ -207,7 +207,7 @@ fn q4_k(x: &[f32], b: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::quant::{dequantize, f16_at, scale_min_k4};
+    use crate::storage::quant::{dequantize, f16_at, scale_min_k4};
     use crate::sampling::Rng;
 
     #[test]
