@@ -1,7 +1,8 @@
 // Attention over the KV cache. The batch metadata `batch_meta` is, for m query rows:
 //   [0, m)                    the cache slot each row writes its K and V to
-//   [m, 2m)                   prefix[r]: row r attends every slot below it
-//   [2m, 2m + m * stride)     extra[r * stride ..]: further slots row r attends (NO_SLOT = padding)
+//   [m, 2m)                   prefix[r]: row r attends every slot below it ...
+//   [2m, 3m)                  start[r]: ... from this one on (0, or a sliding window's first)
+//   [3m, 3m + m * stride)     extra[r * stride ..]: further slots row r attends (NO_SLOT = padding)
 // uploaded once per forward and shared by all layers.
 
 struct Params {
@@ -72,11 +73,13 @@ fn attend(
     let kv_off = (h / p.group) * hd;
     let q_off = (r * p.n_heads + h) * hd;
     let prefix = batch_meta[p.m + r];
+    let start = batch_meta[2u * p.m + r];
+    let from_prefix = prefix - start;
     for (var d = t; d < hd; d += WG) {
         qh[d] = q[q_off + d];
     }
     if (t == 0u) {
-        attended = prefix + p.stride;
+        attended = from_prefix + p.stride;
     }
     let n = workgroupUniformLoad(&attended);
 
@@ -87,10 +90,10 @@ fn attend(
         let j = c0 + t;
         var slot = NO_SLOT;
         var s = NEG;
-        if (j < prefix) {
-            slot = j;
+        if (j < from_prefix) {
+            slot = start + j;
         } else if (j < n) {
-            slot = batch_meta[2u * p.m + r * p.stride + j - prefix];
+            slot = batch_meta[3u * p.m + r * p.stride + j - from_prefix];
         }
         if (slot != NO_SLOT) {
             let kb = slot * p.kv_dim + kv_off;

@@ -3,6 +3,9 @@
 struct Params {
     n: u32,
     cols: u32,
+    // glu's activation: act(g) = g * sigmoid(g * (a + b * g^2)) (SiLU: a = 1, b = 0).
+    a: f32,
+    b: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -15,9 +18,9 @@ fn index(t: u32, wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return (wid.x + wid.y * nwg.x) * 256u + t;
 }
 
-// out = silu(a) * b
+// out = act(a) * b
 @compute @workgroup_size(256)
-fn swiglu(
+fn glu(
     @builtin(local_invocation_index) t: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -25,7 +28,7 @@ fn swiglu(
     let i = index(t, wid, nwg);
     if (i < p.n) {
         let g = a[i];
-        out[i] = g / (1.0 + exp(-g)) * b[i];
+        out[i] = g / (1.0 + exp(-(g * (p.a + p.b * g * g)))) * b[i];
     }
 }
 

@@ -1,4 +1,4 @@
-// Embedding lookup: out[i, :] = row ids[i] of the table, decoded from its storage type. A table
+// Embedding lookup: out[i, :] = scale * row ids[i] of the table, decoded from its storage type. A table
 // split into several parts is gathered by one dispatch per part; each fills the rows it holds.
 
 struct Params {
@@ -6,6 +6,8 @@ struct Params {
     k: u32,
     row0: u32,
     rows: u32,
+    // What every value is multiplied by (Gemma scales its embeddings by sqrt(d_model)).
+    scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -33,6 +35,6 @@ fn embed(
     let n = min(4u, p.k - c);
     let v = wload4_{{DTYPE}}((id - p.row0) * p.k + c, n);
     for (var j = 0u; j < n; j++) {
-        out[i * p.k + c + j] = v[j];
+        out[i * p.k + c + j] = v[j] * p.scale;
     }
 }

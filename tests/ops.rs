@@ -29,7 +29,7 @@
 use futures::executor::block_on;
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
-use saguaro::backend::{random_weight, AttnShape, Backend, Batch, Mask, NO_SLOT};
+use saguaro::backend::{random_weight, Activation, AttnShape, Backend, Batch, Mask, Rope, NO_SLOT};
 use saguaro::storage::quant::DType;
 use saguaro::storage::Weight;
 use saguaro::Error;
@@ -82,7 +82,20 @@ macro_rules! suite {
     };
 }
 
-suite!(rms_norm, rope, swiglu, add_and_select_rows, embed, matmul, matmul_bias_and_long_rows, attention_causal, attention_tree, bad_shapes_are_errors);
+suite!(
+    rms_norm,
+    rope,
+    rope_scaled_and_partial,
+    glu,
+    add_and_select_rows,
+    embed,
+    matmul,
+    matmul_bias_and_long_rows,
+    attention_causal,
+    attention_tree,
+    attention_windowed_and_scaled,
+    bad_shapes_are_errors,
+);
 
 fn up<B: Backend>(b: &B, rows: usize, cols: usize, data: &[f32]) -> B::Tensor {
     b.upload(rows, cols, data).unwrap()
@@ -113,22 +126,55 @@ const TINY: f64 = 1e-30;
 fn rms_norm<B: Backend>(b: &B, _: &Tol) {
     let mut rng = TestRng::new(9);
     let eps = 1e-6f32;
-    for (rows, cols) in [(1, 896), (5, 33), (3, 1), (70, 130)] {
-        // Rows of different scales: the norm must not depend on it.
-        let x: Vec<f32> = rng.vec(rows * cols).iter().enumerate().map(|(i, v)| v * [1.0, 30.0, 0.01][i / cols % 3]).collect();
-        let g = rng.vec(cols);
-        let w = b.load_weight(&Weight::from_f32(1, cols, &g)).unwrap();
+    // (rows, cols, width of the weight): whole rows, then groups of a row (per-head Q/K norms).
+    for (rows, cols, n) in [(1, 896, 896), (5, 33, 33), (3, 1, 1), (70, 130, 130), (3, 8 * 64, 64), (5, 2 * 256, 256)] {
+        // Groups of different scales: the norm must not depend on it.
+        let x: Vec<f32> = rng.vec(rows * cols).iter().enumerate().map(|(i, v)| v * [1.0, 30.0, 0.01][i / n % 3]).collect();
+        let g = rng.vec(n);
+        let w = b.load_weight(&Weight::from_f32(1, n, &g)).unwrap();
         let got = read(b, &b.rms_norm(&up(b, rows, cols, &x), &w, eps).unwrap());
         let want: Vec<f64> = x
-            .chunks(cols)
+            .chunks(n)
             .flat_map(|row| {
-                let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64;
+                let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
                 let s = 1.0 / (ms + eps as f64).sqrt();
                 row.iter().zip(&g).map(move |(&v, &g)| v as f64 * s * g as f64)
             })
             .collect();
-        check(&got, &want, |i| FLOAT * want[i].abs() + TINY, &format!("{}: rms_norm {rows}x{cols}", b.name()));
+        check(&got, &want, |i| FLOAT * want[i].abs() + TINY, &format!("{}: rms_norm {rows}x{cols} by {n}", b.name()));
     }
+}
+
+/// `rope` applied to random rows at `positions`, against the f64 rotation of each head's first
+/// `rotary_dim` values (the rest pass through).
+fn check_rope<B: Backend>(b: &B, rng: &mut TestRng, heads: usize, positions: &[u32], rope: &Rope) {
+    let (rows, hd, rot) = (positions.len(), rope.head_dim, rope.rotary_dim);
+    let cols = heads * hd;
+    let x = rng.vec(rows * cols);
+    let mut t = up(b, rows, cols, &x);
+    b.rope(&mut t, positions, rope).unwrap();
+    let half = rot / 2;
+    let mut want: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let mut scale: Vec<f64> = x.iter().map(|v| v.abs() as f64).collect();
+    for (r, &pos) in positions.iter().enumerate() {
+        for h in 0..heads {
+            let at = r * cols + h * hd;
+            for i in 0..half {
+                let factor = rope.factors.map_or(1.0, |f| f[i] as f64);
+                let freq = (rope.theta as f64).powf(-2.0 * i as f64 / rot as f64) * rope.freq_scale as f64 / factor;
+                let angle = pos as f64 * freq;
+                let (cos, sin) = (angle.cos() * rope.attn_factor as f64, angle.sin() * rope.attn_factor as f64);
+                let (a, bb) = (x[at + i] as f64, x[at + i + half] as f64);
+                want[at + i] = a * cos - bb * sin;
+                want[at + i + half] = bb * cos + a * sin;
+                let mag = (a.abs() + bb.abs()) * rope.attn_factor as f64;
+                scale[at + i] = mag;
+                scale[at + i + half] = mag;
+            }
+        }
+    }
+    let what = format!("{}: rope {rows}x{heads}x{hd} rotating {rot}", b.name());
+    check(&read(b, &t), &want, |i| FLOAT * scale[i] + TINY, &what);
 }
 
 fn rope<B: Backend>(b: &B, _: &Tol) {
@@ -136,39 +182,52 @@ fn rope<B: Backend>(b: &B, _: &Tol) {
     for (rows, heads, hd, theta) in [(1, 14, 64, 1e6f32), (5, 2, 64, 1e4), (7, 3, 6, 1e4), (70, 4, 128, 1e6)] {
         // Positions across a 32k context, where an angle rounded to f32 would be off by 1e-3.
         let positions: Vec<u32> = (0..rows).map(|_| rng.below(32_768)).collect();
-        let cols = heads * hd;
-        let x = rng.vec(rows * cols);
-        let mut t = up(b, rows, cols, &x);
-        b.rope(&mut t, &positions, hd, theta).unwrap();
-        let half = hd / 2;
-        let (mut want, mut scale) = (vec![0.0f64; x.len()], vec![0.0f64; x.len()]);
-        for (r, &pos) in positions.iter().enumerate() {
-            for h in 0..heads {
-                let at = r * cols + h * hd;
-                for i in 0..half {
-                    let angle = pos as f64 * (theta as f64).powf(-2.0 * i as f64 / hd as f64);
-                    let (a, bb) = (x[at + i] as f64, x[at + i + half] as f64);
-                    want[at + i] = a * angle.cos() - bb * angle.sin();
-                    want[at + i + half] = bb * angle.cos() + a * angle.sin();
-                    scale[at + i] = a.abs() + bb.abs();
-                    scale[at + i + half] = a.abs() + bb.abs();
-                }
-            }
-        }
-        check(&read(b, &t), &want, |i| FLOAT * scale[i] + TINY, &format!("{}: rope {rows}x{heads}x{hd}", b.name()));
+        check_rope(b, &mut rng, heads, &positions, &Rope::plain(hd, theta));
     }
 }
 
-fn swiglu<B: Backend>(b: &B, _: &Tol) {
+/// RoPE as Llama 3 (per-frequency factors), linear scaling, Phi-3's long RoPE (factors and an
+/// attention factor) and Phi-4-mini (3/4 of each head rotated) use it, at long-context positions.
+fn rope_scaled_and_partial<B: Backend>(b: &B, _: &Tol) {
+    let mut rng = TestRng::new(12);
+    let positions = [0, 1, 9_000, 30_000, 131_000];
+    let llama3 = saguaro::model::arch::llama3_factors(64, 500_000.0, 32.0, 1.0, 4.0, 8192.0);
+    let long: Vec<f32> = (0..48).map(|i| 1.0 + i as f32 * 0.7).collect();
+    let ropes = [
+        Rope { factors: Some(&llama3), ..Rope::plain(64, 500_000.0) },
+        Rope { freq_scale: 0.125, ..Rope::plain(128, 1e6) },
+        Rope { factors: Some(&long), attn_factor: 1.19, ..Rope::plain(96, 1e4) },
+        Rope { rotary_dim: 96, ..Rope::plain(128, 1e4) },
+        Rope { rotary_dim: 4, ..Rope::plain(6, 1e4) },
+    ];
+    for rope in &ropes {
+        check_rope(b, &mut rng, 3, &positions, rope);
+    }
+}
+
+fn glu<B: Backend>(b: &B, _: &Tol) {
     let mut rng = TestRng::new(13);
     let (rows, cols) = (5, 300);
     let mut gate: Vec<f32> = rng.vec(rows * cols).iter().map(|x| 12.0 * x).collect();
-    // Gates where e^-g leaves f32's range, or nearly, at either end.
+    // Gates where the exponential leaves f32's range, or nearly, at either end.
     gate[..8].copy_from_slice(&[-200.0, -90.0, -87.5, -30.0, 30.0, 87.5, 90.0, 200.0]);
     let upv = rng.vec(rows * cols);
-    let got = read(b, &b.swiglu(&up(b, rows, cols, &gate), &up(b, rows, cols, &upv)).unwrap());
-    let want: Vec<f64> = gate.iter().zip(&upv).map(|(&g, &u)| g as f64 / (1.0 + (-g as f64).exp()) * u as f64).collect();
-    check(&got, &want, |i| FLOAT * want[i].abs() + TINY, &format!("{}: swiglu", b.name()));
+    let sqrt_2_pi = (2.0 / std::f64::consts::PI).sqrt();
+    for act in [Activation::Silu, Activation::GeluTanh] {
+        let got = read(b, &b.glu(&up(b, rows, cols, &gate), &up(b, rows, cols, &upv), act).unwrap());
+        let f = |g: f64| match act {
+            Activation::Silu => g / (1.0 + (-g).exp()),
+            // 0.5 g (1 + tanh z), written as g / (1 + e^-2z) (the same function) so that f64
+            // does not cancel 1 + tanh z to 0 at large negative z.
+            Activation::GeluTanh => g / (1.0 + (-2.0 * sqrt_2_pi * (g + 0.044715 * g * g * g)).exp()),
+        };
+        let want: Vec<f64> = gate.iter().zip(&upv).map(|(&g, &u)| f(g as f64) * u as f64).collect();
+        // The sigmoid's argument z carries f32 rounding relative to its size, which moves e^-z
+        // by |z| times as much.
+        let (a, c) = act.sigmoid_coefficients();
+        let z = |i: usize| (gate[i] as f64 * (a as f64 + c as f64 * (gate[i] as f64).powi(2))).abs();
+        check(&got, &want, |i| FLOAT * (1.0 + z(i)) * want[i].abs() + TINY, &format!("{}: glu {act:?}", b.name()));
+    }
 }
 
 fn add_and_select_rows<B: Backend>(b: &B, _: &Tol) {
@@ -189,20 +248,27 @@ fn add_and_select_rows<B: Backend>(b: &B, _: &Tol) {
 }
 
 /// Rows `ids` of `table` against its reference decoding.
-fn check_embed<B: Backend>(b: &B, t: &Tol, table: &Weight, ids: &[u32]) {
+fn check_embed<B: Backend>(b: &B, t: &Tol, table: &Weight, ids: &[u32], scale: f32) {
     let dense = table.to_f32();
     let k = table.cols;
-    let got = read(b, &b.embed(&b.load_weight(table).unwrap(), ids).unwrap());
-    let want: Vec<f64> = ids.iter().flat_map(|&id| dense[id as usize * k..(id as usize + 1) * k].iter().map(|&v| v as f64)).collect();
-    let what = format!("{}: embed {:?} {}x{k}", b.name(), table.dtype, table.rows);
-    check(&got, &want, |i| t.decode * (1.0 + want[i].abs()), &what);
+    let got = read(b, &b.embed(&b.load_weight(table).unwrap(), ids, scale).unwrap());
+    let want: Vec<f64> = ids
+        .iter()
+        .flat_map(|&id| dense[id as usize * k..(id as usize + 1) * k].iter().map(|&v| (v * scale) as f64))
+        .collect();
+    let what = format!("{}: embed {:?} {}x{k} scaled by {scale}", b.name(), table.dtype, table.rows);
+    // Scaled: one more rounding, of the product.
+    let float = if scale == 1.0 { 0.0 } else { FLOAT };
+    check(&got, &want, |i| (t.decode * scale.abs() as f64 + float) * (1.0 + want[i].abs()), &what);
 }
 
 fn embed<B: Backend>(b: &B, t: &Tol) {
     for (i, &dtype) in DType::ALL.iter().enumerate() {
         let k = if dtype.block_size() == 1 { 27 } else { 256 };
         let table = random_weight(dtype, 50, k, 200 + i as u64).unwrap();
-        check_embed(b, t, &table, &[0, 49, 7, 7, 21]);
+        check_embed(b, t, &table, &[0, 49, 7, 7, 21], 1.0);
+        // Gemma's scaling by sqrt(d_model).
+        check_embed(b, t, &table, &[3, 49], 25.3);
     }
 }
 
@@ -287,7 +353,8 @@ impl<'a, B: Backend> Attn<'a, B> {
         let (mut want, mut tol) = (vec![0.0f64; m * qd], vec![0.0f64; m * qd]);
         for r in 0..m {
             let extra = &batch.mask.extra[r * batch.mask.extra_stride..(r + 1) * batch.mask.extra_stride];
-            let attended: Vec<usize> = (0..batch.mask.prefix[r] as usize)
+            let start = s.window.map_or(0, |w| (batch.positions[r] as usize + 1).saturating_sub(w as usize));
+            let attended: Vec<usize> = (start.min(batch.mask.prefix[r] as usize)..batch.mask.prefix[r] as usize)
                 .chain(extra.iter().filter(|&&e| e != NO_SLOT).map(|&e| e as usize))
                 .collect();
             for h in 0..s.n_heads {
@@ -300,7 +367,7 @@ impl<'a, B: Backend> Attn<'a, B> {
                         (&k[kvo..kvo + hd], &v[kvo..kvo + hd])
                     })
                     .collect();
-                let norm = 1.0 / (hd as f64).sqrt();
+                let norm = s.scale as f64;
                 let scores: Vec<f64> = rows.iter().map(|(k, _)| qh.iter().zip(*k).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>() * norm).collect();
                 // The scale of the scores' rounding errors.
                 let score_mag = rows.iter().map(|(k, _)| reference::magnitude(qh, k) * norm).fold(0.0, f64::max);
@@ -322,9 +389,9 @@ impl<'a, B: Backend> Attn<'a, B> {
 
 fn attention_causal<B: Backend>(b: &B, _: &Tol) {
     for (i, shape) in [
-        AttnShape { n_heads: 6, n_kv_heads: 2, head_dim: 64 },
-        AttnShape { n_heads: 3, n_kv_heads: 3, head_dim: 80 },
-        AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 6 },
+        AttnShape::new(6, 2, 64),
+        AttnShape::new(3, 3, 80),
+        AttnShape::new(4, 2, 6),
     ]
     .into_iter()
     .enumerate()
@@ -340,8 +407,12 @@ fn attention_causal<B: Backend>(b: &B, _: &Tol) {
 }
 
 fn attention_tree<B: Backend>(b: &B, _: &Tol) {
-    let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 64 };
-    let mut a = Attn::new(b, shape, 128, 31);
+    tree_step(b, AttnShape::new(4, 2, 64), 31);
+}
+
+/// A prefill of 70 tokens, then a tree step over it.
+fn tree_step<B: Backend>(b: &B, shape: AttnShape, seed: u64) {
+    let mut a = Attn::new(b, shape, 128, seed);
     a.run(&Batch::causal(&[0; 70], 0), "prefix of 70");
     // A tree of 5 nodes in slots 80..85 over the 70-token prefix: 0 -> {1, 2}, 1 -> 3, 2 -> 4.
     // Each node attends the prefix (one only part of it, one none of it), its ancestors and
@@ -368,17 +439,35 @@ fn attention_tree<B: Backend>(b: &B, _: &Tol) {
     a.run(&batch, "tree step");
 }
 
+/// Gemma 3's attention: a sliding window over the prefix (shorter and longer than the rows
+/// reach, and past the GPU's 64-slot chunks) and a scale other than `1 / sqrt(head_dim)`.
+fn attention_windowed_and_scaled<B: Backend>(b: &B, _: &Tol) {
+    for (i, window) in [1u32, 5, 70, 100, 512].into_iter().enumerate() {
+        let shape = AttnShape { scale: 0.0625, window: Some(window), ..AttnShape::new(4, 1, 256) };
+        let mut a = Attn::new(b, shape, 200, 60 + i as u64);
+        a.run(&Batch::causal(&[0; 150], 0), &format!("prefill 150, window {window}"));
+        a.run(&Batch::causal(&[0], 150), &format!("decode at 150, window {window}"));
+        a.run(&Batch::causal(&[0; 5], 151), &format!("verify 5 at 151, window {window}"));
+    }
+    tree_step(b, AttnShape { window: Some(8), ..AttnShape::new(4, 2, 64) }, 66);
+}
+
 fn bad_shapes_are_errors<B: Backend>(b: &B, _: &Tol) {
     let invalid = |r: saguaro::Result<()>, what: &str| {
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{}: {what}: {:?}", b.name(), r.err());
     };
     let table = b.load_weight(&random_weight(DType::Q8_0, 10, 64, 1).unwrap()).unwrap();
-    invalid(b.embed(&table, &[3, 10]).map(drop), "a token id past the table");
+    invalid(b.embed(&table, &[3, 10], 1.0).map(drop), "a token id past the table");
     invalid(b.matmul(&up(b, 2, 32, &[0.0; 64]), &table, None).map(drop), "a matmul of mismatched K");
     for hd in [0, 5, 7] {
-        invalid(b.rope(&mut up(b, 2, 14, &[0.0; 28]), &[0, 1], hd, 1e4), &format!("rope with head_dim {hd}"));
+        invalid(b.rope(&mut up(b, 2, 14, &[0.0; 28]), &[0, 1], &Rope::plain(hd, 1e4)), &format!("rope with head_dim {hd}"));
     }
-    let shape = AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 8 };
+    for (rot, factors) in [(8, None), (3, None), (4, Some(&[1.0f32][..]))] {
+        let rope = Rope { rotary_dim: rot, factors, ..Rope::plain(7, 1e4) };
+        invalid(b.rope(&mut up(b, 2, 14, &[0.0; 28]), &[0, 1], &rope), &format!("rope rotating {rot} of 7"));
+    }
+    invalid(b.rms_norm(&up(b, 2, 14, &[0.0; 28]), &b.load_weight(&Weight::from_f32(1, 4, &[1.0; 4])).unwrap(), 1e-6).map(drop), "an rms_norm weight that does not divide the row");
+    let shape = AttnShape::new(2, 1, 8);
     let mut cache = b.new_cache(1, 4, 8).unwrap();
     let (q, kv) = (up(b, 2, 16, &[0.0; 32]), up(b, 2, 8, &[0.0; 16]));
     let r = b.attention(&q, &kv, &kv, &mut cache, 0, &Batch::causal(&[0, 0], 3), shape);
@@ -398,6 +487,6 @@ fn gpu_weights_larger_than_one_binding_are_split_by_rows() {
         let parts = GpuBackend::load_weight(&g, &w).unwrap().parts();
         assert!(parts > 1, "{dtype:?}: expected a split weight, got {parts} part");
         check_matmul(&g, &GPU, &w, None, &[1, 5, 70], 50 + i as u64);
-        check_embed(&g, &GPU, &w, &[0, rows as u32 - 1, 17, 17, 33, 1]);
+        check_embed(&g, &GPU, &w, &[0, rows as u32 - 1, 17, 17, 33, 1], 1.0);
     }
 }

@@ -5,12 +5,11 @@ use std::fmt;
 
 use web_time::Instant;
 
-use super::{AttnShape, Backend, Batch};
+use super::{Activation, AttnShape, Backend, Batch, Rope};
 use crate::error::Result;
-use crate::storage::quant::DType;
 use crate::sampling::Rng;
+use crate::storage::quant::DType;
 use crate::storage::{Bytes, Weight as HostWeight};
-
 
 /// Shapes to time; the defaults are Qwen2.5-0.5B's.
 #[derive(Clone, Debug)]
@@ -221,7 +220,7 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
                 let ids: Vec<u32> = (0..o.rows.iter().copied().max().unwrap_or(1) as u32).collect();
                 let bytes = ids.len() * (host.row_bytes() + 4 * f);
                 time!(format!("embed {}", dtype.name()), format!("m={} d={f}", ids.len()), bytes, 0, {
-                    b.embed(&w, &ids)?;
+                    b.embed(&w, &ids, 1.0)?;
                 });
             }
         }
@@ -238,11 +237,11 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
         let mut q = b.upload(m, q_dim, &rng.vec(m * q_dim))?;
         let pos: Vec<u32> = (0..m as u32).collect();
         time!("rope", format!("m={m} cols={q_dim}"), 8 * m * q_dim, 3 * m * q_dim, {
-            b.rope(&mut q, &pos, o.head_dim, 1e6)?;
+            b.rope(&mut q, &pos, &Rope::plain(o.head_dim, 1e6))?;
         });
         let (g, u) = (b.upload(m, f, &rng.vec(m * f))?, b.upload(m, f, &rng.vec(m * f))?);
-        time!("swiglu", format!("m={m} cols={f}"), 12 * m * f, 5 * m * f, {
-            b.swiglu(&g, &u)?;
+        time!("glu (silu)", format!("m={m} cols={f}"), 12 * m * f, 5 * m * f, {
+            b.glu(&g, &u, Activation::Silu)?;
         });
         let mut a = b.upload(m, d, &rng.vec(m * d))?;
         time!("add", format!("m={m} cols={d}"), 12 * m * d, m * d, {
@@ -255,7 +254,7 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
         // m new tokens after `context` cached ones, causally.
         let mut cache = b.new_cache(1, o.context + m, kv_dim)?;
         let batch = Batch::causal(&vec![0; m], o.context);
-        let shape = AttnShape { n_heads: o.n_heads, n_kv_heads: o.n_kv_heads, head_dim: o.head_dim };
+        let shape = AttnShape::new(o.n_heads, o.n_kv_heads, o.head_dim);
         let qa = b.upload(m, q_dim, &rng.vec(m * q_dim))?;
         let (ka, va) = (b.upload(m, kv_dim, &rng.vec(m * kv_dim))?, b.upload(m, kv_dim, &rng.vec(m * kv_dim))?);
         let slots = m * o.context + m * (m + 1) / 2;

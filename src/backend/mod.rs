@@ -58,11 +58,19 @@ impl Batch {
         self.tokens.is_empty()
     }
 
-    /// The slots row `r` attends to, in increasing order of the prefix then the extras.
-    pub fn attended(&self, r: usize) -> impl Iterator<Item = usize> + '_ {
+    /// The slots row `r` attends to, in increasing order of the prefix then the extras. A
+    /// sliding `window` drops the prefix slots more than `window - 1` positions behind the row's
+    /// (prefix slot `j` holds position `j`); the extras, the row's own tree ancestors, stay.
+    pub fn attended(&self, r: usize, window: Option<u32>) -> impl Iterator<Item = usize> + '_ {
         let extra = &self.mask.extra[r * self.mask.extra_stride..(r + 1) * self.mask.extra_stride];
-        (0..self.mask.prefix[r] as usize)
+        (self.window_start(r, window)..self.mask.prefix[r] as usize)
             .chain(extra.iter().filter(|&&s| s != NO_SLOT).map(|&s| s as usize))
+    }
+
+    /// The first prefix slot row `r` attends to under a sliding `window` (at most its prefix).
+    pub fn window_start(&self, r: usize, window: Option<u32>) -> usize {
+        let start = window.map_or(0, |w| (self.positions[r] as usize + 1).saturating_sub(w as usize));
+        start.min(self.mask.prefix[r] as usize)
     }
 
     /// The largest slot the batch reads or writes, plus one.
@@ -74,19 +82,80 @@ impl Batch {
     }
 }
 
-/// `[row][i] = (cos, sin)` of `positions[row] * theta^(-2i / head_dim)`, `i < head_dim / 2`: the
-/// rotation angles of rotate-half RoPE, shared by every backend so that all rotate alike. The
-/// angle is computed in f64 and rounded once: an angle computed in f32 (its frequency rounded,
-/// then the product) is off by a few `position * 2^-24` radians, about 1e-3 at position 30,000.
-pub(crate) fn rope_table(positions: &[u32], head_dim: usize, theta: f32) -> Vec<(f32, f32)> {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f64> = (0..half).map(|i| (theta as f64).powf(-2.0 * i as f64 / head_dim as f64)).collect();
+/// A gated feed-forward unit's activation: the unit computes `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Activation {
+    /// SwiGLU (Llama, Qwen, Phi).
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma).
+    GeluTanh,
+}
+
+impl Activation {
+    /// `(a, b)` such that `act(g) = g * sigmoid(g * (a + b * g^2))`, so that one kernel computes
+    /// both: SiLU is `g * sigmoid(g)`, and tanh-GELU, `0.5 g (1 + tanh(z))` with
+    /// `z = sqrt(2 / pi) (g + 0.044715 g^3)`, equals `g * sigmoid(2 z)`.
+    pub fn sigmoid_coefficients(self) -> (f32, f32) {
+        match self {
+            Activation::Silu => (1.0, 0.0),
+            Activation::GeluTanh => {
+                let a = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
+                (a as f32, (a * 0.044715) as f32)
+            }
+        }
+    }
+}
+
+/// How RoPE rotates each `head_dim`-wide head: its first `rotary_dim` values, in rotate-half
+/// pairs `(i, i + rotary_dim / 2)`, by the angle `position * freq_scale / factors[i] *
+/// theta^(-2i / rotary_dim)`, with cos and sin scaled by `attn_factor`. Plain RoPE rotates the
+/// whole head with no factors and both scales 1; Llama 3's frequency scaling and Phi-3's long
+/// RoPE give per-frequency `factors`, linear position scaling a `freq_scale` below 1, and partial
+/// rotary embeddings (Phi-4-mini) a `rotary_dim` below `head_dim`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope<'a> {
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub theta: f32,
+    pub freq_scale: f32,
+    pub attn_factor: f32,
+    pub factors: Option<&'a [f32]>,
+}
+
+impl<'a> Rope<'a> {
+    pub fn plain(head_dim: usize, theta: f32) -> Self {
+        Rope { head_dim, rotary_dim: head_dim, theta, freq_scale: 1.0, attn_factor: 1.0, factors: None }
+    }
+
+    /// Whether the shape is one every backend rotates: an even rotary width within the head and
+    /// one factor per rotated pair.
+    pub fn valid(&self) -> bool {
+        self.rotary_dim > 0
+            && self.rotary_dim.is_multiple_of(2)
+            && self.rotary_dim <= self.head_dim
+            && self.factors.is_none_or(|f| f.len() == self.rotary_dim / 2)
+    }
+}
+
+/// `[row][i] = (cos, sin)` of row `row`'s angle for pair `i < rotary_dim / 2` (see [`Rope`]),
+/// shared by every backend so that all rotate alike. The angle is computed in f64 and rounded
+/// once: an angle computed in f32 (its frequency rounded, then the product) is off by a few
+/// `position * 2^-24` radians, about 1e-3 at position 30,000.
+pub(crate) fn rope_table(positions: &[u32], rope: &Rope) -> Vec<(f32, f32)> {
+    let rot = rope.rotary_dim;
+    let inv_freq: Vec<f64> = (0..rot / 2)
+        .map(|i| {
+            let factor = rope.factors.map_or(1.0, |f| f[i] as f64);
+            (rope.theta as f64).powf(-2.0 * i as f64 / rot as f64) * rope.freq_scale as f64 / factor
+        })
+        .collect();
+    let scale = rope.attn_factor as f64;
     positions
         .iter()
         .flat_map(|&pos| {
             inv_freq.iter().map(move |f| {
                 let (sin, cos) = (pos as f64 * f).sin_cos();
-                (cos as f32, sin as f32)
+                ((cos * scale) as f32, (sin * scale) as f32)
             })
         })
         .collect()
@@ -98,6 +167,18 @@ pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// What each query-key dot product is multiplied by before the softmax.
+    pub scale: f32,
+    /// A sliding window: a row attends the prefix slots of the last `window` positions only
+    /// (see [`Batch::attended`]).
+    pub window: Option<u32>,
+}
+
+impl AttnShape {
+    /// Full causal attention scaled by `1 / sqrt(head_dim)`.
+    pub fn new(n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Self {
+        AttnShape { n_heads, n_kv_heads, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: None }
+    }
 }
 
 /// The ops of a decoder-only transformer. Tensors are row-major `[rows, cols]` f32 activations;
@@ -117,15 +198,17 @@ pub trait Backend {
     /// A `[rows, cols]` tensor holding `data`.
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Tensor>;
 
-    /// Rows `ids` of the embedding table.
-    fn embed(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor>;
+    /// Rows `ids` of the embedding table, times `scale`.
+    fn embed(&self, table: &Self::Weight, ids: &[u32], scale: f32) -> Result<Self::Tensor>;
+    /// RMSNorm of each group of `w.len()` consecutive values of `x`, then times `w`: a whole row
+    /// where `w` is as wide as `x`, each head where it is as wide as a head (Q/K norms).
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32) -> Result<Self::Tensor>;
     /// `x [m, k] @ w[n, k]^T (+ bias) -> [m, n]`.
     fn matmul(&self, x: &Self::Tensor, w: &Self::Weight, bias: Option<&Self::Weight>) -> Result<Self::Tensor>;
-    /// Rotate-half RoPE of each head of `x [m, heads * head_dim]` at `positions[m]`.
-    fn rope(&self, x: &mut Self::Tensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()>;
+    /// RoPE (see [`Rope`]) of each head of `x [m, heads * head_dim]` at `positions[m]`.
+    fn rope(&self, x: &mut Self::Tensor, positions: &[u32], rope: &Rope) -> Result<()>;
     /// Write `k`, `v` of the batch into `cache` at layer `layer`, then attend `q` over the slots
-    /// the batch's mask gives each row. Returns `[m, n_heads * head_dim]`.
+    /// the batch's mask (and the shape's window) gives each row. Returns `[m, n_heads * head_dim]`.
     fn attention(
         &self,
         q: &Self::Tensor,
@@ -136,8 +219,8 @@ pub trait Backend {
         batch: &Batch,
         shape: AttnShape,
     ) -> Result<Self::Tensor>;
-    /// `silu(gate) * up`.
-    fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    /// `act(gate) * up`.
+    fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
     /// `x += y`.
     fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()>;
     /// The given rows of `x`, in order.

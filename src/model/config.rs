@@ -1,24 +1,8 @@
 //! What a transformer is, independent of the file it came from.
 
+use crate::backend::{AttnShape, Rope};
 use crate::error::{Error, Result};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Arch {
-    Llama,
-    Qwen2,
-}
-
-impl Arch {
-    pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "llama" => Ok(Arch::Llama),
-            "qwen2" => Ok(Arch::Qwen2),
-            other => Err(Error::Unsupported(format!(
-                "architecture '{other}' (supported: llama, qwen2)"
-            ))),
-        }
-    }
-}
+pub use crate::model::arch::{Arch, Family, Windows};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelConfig {
@@ -34,6 +18,16 @@ pub struct ModelConfig {
     pub rms_eps: f32,
     pub context_length: usize,
     pub tied_embeddings: bool,
+    /// How many values of each head RoPE rotates (`head_dim`, or fewer for partial rotary).
+    pub rotary_dim: usize,
+    /// Linear RoPE position scaling (1: none).
+    pub rope_freq_scale: f32,
+    /// What RoPE's cos and sin are scaled by (long RoPE's attention factor; 1: none).
+    pub rope_attn_factor: f32,
+    /// The sliding window of the family's windowed layers, in positions.
+    pub sliding_window: Option<usize>,
+    /// What each attention score is multiplied by (`1 / sqrt(head_dim)` for most families).
+    pub attn_scale: f32,
 }
 
 impl ModelConfig {
@@ -53,6 +47,11 @@ impl ModelConfig {
             rms_eps: 1e-5,
             context_length: 64,
             tied_embeddings: true,
+            rotary_dim: 8,
+            rope_freq_scale: 1.0,
+            rope_attn_factor: 1.0,
+            sliding_window: None,
+            attn_scale: 8f32.sqrt().recip(),
         }
     }
 
@@ -82,13 +81,77 @@ impl ModelConfig {
         if self.head_dim % 2 != 0 {
             return bad(format!("head dimension {} must be even", self.head_dim));
         }
-        for (name, value) in [("rope_theta", self.rope_theta), ("rms_eps", self.rms_eps)] {
+        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+            return bad(format!("RoPE dimension {} must be even and within the head's {}", self.rotary_dim, self.head_dim));
+        }
+        if self.sliding_window == Some(0) || self.sliding_window.is_some_and(|w| w > u32::MAX as usize) {
+            return bad("a sliding window of 0 positions".into());
+        }
+        let positive = [
+            ("rope_theta", self.rope_theta),
+            ("rms_eps", self.rms_eps),
+            ("rope_freq_scale", self.rope_freq_scale),
+            ("rope_attn_factor", self.rope_attn_factor),
+            ("attn_scale", self.attn_scale),
+        ];
+        for (name, value) in positive {
             if !(value.is_finite() && value > 0.0) {
                 return bad(format!("{name} = {value} must be a positive number"));
             }
         }
         Ok(())
     }
+    pub fn family(&self) -> &'static Family {
+        self.arch.family()
+    }
+
+    /// Whether layer `layer` attends through the sliding window.
+    fn windowed(&self, layer: usize) -> bool {
+        self.sliding_window.is_some()
+            && match self.family().windows {
+                Windows::Never => false,
+                Windows::All => true,
+                Windows::AllButEvery(n) => (layer + 1) % n != 0,
+            }
+    }
+
+    /// Layer `layer`'s attention: its scale and window.
+    pub fn attn_shape(&self, layer: usize) -> AttnShape {
+        AttnShape {
+            scale: self.attn_scale,
+            window: self.sliding_window.filter(|_| self.windowed(layer)).map(|w| w as u32),
+            ..AttnShape::new(self.n_heads, self.n_kv_heads, self.head_dim)
+        }
+    }
+
+    /// Layer `layer`'s RoPE, with the file's frequency `factors`. A windowed layer of a family
+    /// with a local RoPE base rotates at that base, unscaled.
+    pub fn rope<'a>(&self, layer: usize, factors: Option<&'a [f32]>) -> Rope<'a> {
+        let global = Rope {
+            head_dim: self.head_dim,
+            rotary_dim: self.rotary_dim,
+            theta: self.rope_theta,
+            freq_scale: self.rope_freq_scale,
+            attn_factor: self.rope_attn_factor,
+            factors,
+        };
+        match self.family().local_rope_theta {
+            Some(theta) if self.windowed(layer) => {
+                Rope { theta, freq_scale: 1.0, attn_factor: 1.0, factors: None, ..global }
+            }
+            _ => global,
+        }
+    }
+
+    /// What embeddings are multiplied by.
+    pub fn embed_scale(&self) -> f32 {
+        if self.family().scaled_embeddings {
+            (self.d_model as f32).sqrt()
+        } else {
+            1.0
+        }
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::model::config::{Arch, ModelConfig};
+use crate::model::config::{Arch, ModelConfig, Windows};
+use crate::model::arch::llama3_factors;
 use crate::model::gguf::Gguf;
 use crate::storage::quant::DType;
 use crate::model::tokenizer::Tokenizer;
@@ -53,42 +54,104 @@ fn unpermute_qk(w: &Weight, n_heads: usize) -> Weight {
     w.permute_rows(&perm)
 }
 
-/// Assemble the model from named tensors, given names in one naming scheme.
-fn assemble(config: ModelConfig, mut t: Tensors, names: &dyn Fn(&str, Option<usize>) -> String) -> Result<ModelWeights> {
-    config.validate()?;
-    let c = &config;
-    let (d, q, kv, f) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ffn);
-    let mut get = |key: &str, layer: Option<usize>, rows: usize, cols: usize| -> Result<Weight> {
-        let name = names(key, layer);
-        let w = take(&mut t, &name)?;
+/// Tensors by role, taken by name in one naming scheme and checked against their shape.
+struct Named<'a> {
+    tensors: Tensors,
+    names: &'a dyn Fn(&str, Option<usize>) -> String,
+}
+
+impl Named<'_> {
+    fn get(&mut self, key: &str, layer: Option<usize>, rows: usize, cols: usize) -> Result<Weight> {
+        let name = (self.names)(key, layer);
+        let w = take(&mut self.tensors, &name)?;
         expect_shape(&w, &name, rows, cols)?;
         Ok(Weight { rows, cols, ..w })
-    };
-    let embed = get("embed", None, c.vocab_size, d)?;
+    }
+
+    /// A vector the family has (`Some`) or lacks (`None`).
+    fn vector_if(&mut self, has: bool, key: &str, layer: Option<usize>, n: usize) -> Result<Option<Weight>> {
+        has.then(|| self.get(key, layer, 1, n)).transpose()
+    }
+
+    /// `parts` weights of `rows[i]` rows each, from one fused matrix under `key` or from one
+    /// matrix each under `keys`.
+    fn split(&mut self, fused: bool, key: &str, keys: &[&str], layer: Option<usize>, rows: &[usize], cols: usize) -> Result<Vec<Weight>> {
+        if !fused {
+            return keys.iter().zip(rows).map(|(k, &r)| self.get(k, layer, r, cols)).collect();
+        }
+        let all = self.get(key, layer, rows.iter().sum(), cols)?;
+        let mut at = 0;
+        Ok(rows
+            .iter()
+            .map(|&r| {
+                at += r;
+                all.rows_view(at - r..at)
+            })
+            .collect())
+    }
+}
+
+/// An RMSNorm weight stored as `w - offset` (Gemma's checkpoints), as the forward uses it.
+fn add_offset(w: Weight, offset: f32) -> Weight {
+    if offset == 0.0 {
+        return w;
+    }
+    let v: Vec<f32> = w.to_f32().iter().map(|x| x + offset).collect();
+    Weight::from_f32(w.rows, w.cols, &v)
+}
+
+/// Assemble the model from named tensors, given names in one naming scheme; norm weights get
+/// `norm_offset` added.
+fn assemble(config: ModelConfig, tensors: Tensors, names: &dyn Fn(&str, Option<usize>) -> String, norm_offset: f32) -> Result<ModelWeights> {
+    config.validate()?;
+    let c = &config;
+    let fam = c.family();
+    let (d, q, kv, f, hd) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ffn, c.head_dim);
+    let mut t = Named { tensors, names };
+    let norm = |w: Option<Weight>| w.map(|w| add_offset(w, norm_offset));
+    let embed = t.get("embed", None, c.vocab_size, d)?;
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let l = Some(i);
-        let bias = c.arch == Arch::Qwen2;
-        let mut b = |key: &str, n: usize| if bias { get(key, l, 1, n).map(Some) } else { Ok(None) };
-        let (bq, bk, bv) = (b("bq", q)?, b("bk", kv)?, b("bv", kv)?);
+        let [wq, wk, wv] = <[Weight; 3]>::try_from(t.split(fam.fused, "qkv", &["wq", "wk", "wv"], l, &[q, kv, kv], d)?)
+            .expect("three parts");
+        let [w_gate, w_up] =
+            <[Weight; 2]>::try_from(t.split(fam.fused, "gate_up", &["w_gate", "w_up"], l, &[f, f], d)?).expect("two parts");
         layers.push(LayerWeights {
-            attn_norm: get("attn_norm", l, 1, d)?,
-            wq: get("wq", l, q, d)?,
-            wk: get("wk", l, kv, d)?,
-            wv: get("wv", l, kv, d)?,
-            bq,
-            bk,
-            bv,
-            wo: get("wo", l, d, q)?,
-            ffn_norm: get("ffn_norm", l, 1, d)?,
-            w_gate: get("w_gate", l, f, d)?,
-            w_up: get("w_up", l, f, d)?,
-            w_down: get("w_down", l, d, f)?,
+            attn_norm: add_offset(t.get("attn_norm", l, 1, d)?, norm_offset),
+            bq: t.vector_if(fam.qkv_bias, "bq", l, q)?,
+            bk: t.vector_if(fam.qkv_bias, "bk", l, kv)?,
+            bv: t.vector_if(fam.qkv_bias, "bv", l, kv)?,
+            q_norm: norm(t.vector_if(fam.qk_norm, "q_norm", l, hd)?),
+            k_norm: norm(t.vector_if(fam.qk_norm, "k_norm", l, hd)?),
+            wq,
+            wk,
+            wv,
+            wo: t.get("wo", l, d, q)?,
+            post_attn_norm: norm(t.vector_if(fam.post_norms, "post_attn_norm", l, d)?),
+            ffn_norm: add_offset(t.get("ffn_norm", l, 1, d)?, norm_offset),
+            w_gate,
+            w_up,
+            w_down: t.get("w_down", l, d, f)?,
+            post_ffn_norm: norm(t.vector_if(fam.post_norms, "post_ffn_norm", l, d)?),
         });
     }
-    let norm = get("norm", None, 1, d)?;
-    let output = if c.tied_embeddings { embed.clone() } else { get("output", None, c.vocab_size, d)? };
-    Ok(ModelWeights { config, embed, layers, norm, output, head_tokens: None })
+    let norm = add_offset(t.get("norm", None, 1, d)?, norm_offset);
+    let output = if c.tied_embeddings { embed.clone() } else { t.get("output", None, c.vocab_size, d)? };
+    Ok(ModelWeights { config, embed, layers, norm, output, head_tokens: None, rope_factors: None })
+}
+
+/// RoPE factors read from a file: one per rotated pair, each positive and finite.
+fn rope_factors(w: &Weight, config: &ModelConfig, name: &str) -> Result<Vec<f32>> {
+    let v = w.to_f32();
+    if v.len() != config.rotary_dim / 2 || !v.iter().all(|x| x.is_finite() && *x > 0.0) {
+        return Err(Error::invalid_model(format!(
+            "{name} must hold {} positive factors (one per rotated pair), has {} values",
+            config.rotary_dim / 2,
+            v.len()
+        )));
+    }
+    Ok(v)
 }
 
 fn gguf_name(key: &str, layer: Option<usize>) -> String {
@@ -100,11 +163,16 @@ fn gguf_name(key: &str, layer: Option<usize>) -> String {
         "wq" | "bq" => "attn_q",
         "wk" | "bk" => "attn_k",
         "wv" | "bv" => "attn_v",
+        "qkv" => "attn_qkv",
+        "q_norm" => "attn_q_norm",
+        "k_norm" => "attn_k_norm",
         "wo" => "attn_output",
+        "post_attn_norm" => "post_attention_norm",
         "ffn_norm" => "ffn_norm",
         "w_gate" => "ffn_gate",
-        "w_up" => "ffn_up",
+        "w_up" | "gate_up" => "ffn_up",
         "w_down" => "ffn_down",
+        "post_ffn_norm" => "post_ffw_norm",
         _ => unreachable!("unknown weight key {key}"),
     };
     let kind = if key.starts_with('b') && key.len() == 2 { "bias" } else { "weight" };
@@ -114,24 +182,34 @@ fn gguf_name(key: &str, layer: Option<usize>) -> String {
     }
 }
 
-fn hf_name(key: &str, layer: Option<usize>) -> String {
-    let base = match key {
-        "embed" => return "model.embed_tokens.weight".into(),
-        "norm" => return "model.norm.weight".into(),
-        "output" => return "lm_head.weight".into(),
-        "attn_norm" => "input_layernorm",
-        "wq" | "bq" => "self_attn.q_proj",
-        "wk" | "bk" => "self_attn.k_proj",
-        "wv" | "bv" => "self_attn.v_proj",
-        "wo" => "self_attn.o_proj",
-        "ffn_norm" => "post_attention_layernorm",
-        "w_gate" => "mlp.gate_proj",
-        "w_up" => "mlp.up_proj",
-        "w_down" => "mlp.down_proj",
-        _ => unreachable!("unknown weight key {key}"),
-    };
-    let kind = if key.starts_with('b') && key.len() == 2 { "bias" } else { "weight" };
-    format!("model.layers.{}.{base}.{kind}", layer.unwrap_or(0))
+/// Hugging Face names; `post_norms` families name their four layer norms after where they sit.
+fn hf_name(post_norms: bool) -> impl Fn(&str, Option<usize>) -> String {
+    move |key, layer| {
+        let base = match key {
+            "embed" => return "model.embed_tokens.weight".into(),
+            "norm" => return "model.norm.weight".into(),
+            "output" => return "lm_head.weight".into(),
+            "attn_norm" => "input_layernorm",
+            "wq" | "bq" => "self_attn.q_proj",
+            "wk" | "bk" => "self_attn.k_proj",
+            "wv" | "bv" => "self_attn.v_proj",
+            "qkv" => "self_attn.qkv_proj",
+            "q_norm" => "self_attn.q_norm",
+            "k_norm" => "self_attn.k_norm",
+            "wo" => "self_attn.o_proj",
+            "post_attn_norm" => "post_attention_layernorm",
+            "ffn_norm" if post_norms => "pre_feedforward_layernorm",
+            "ffn_norm" => "post_attention_layernorm",
+            "w_gate" => "mlp.gate_proj",
+            "w_up" => "mlp.up_proj",
+            "gate_up" => "mlp.gate_up_proj",
+            "w_down" => "mlp.down_proj",
+            "post_ffn_norm" => "post_feedforward_layernorm",
+            _ => unreachable!("unknown weight key {key}"),
+        };
+        let kind = if key.starts_with('b') && key.len() == 2 { "bias" } else { "weight" };
+        format!("model.layers.{}.{base}.{kind}", layer.unwrap_or(0))
+    }
 }
 
 /// Load a GGUF model from its bytes.
@@ -141,7 +219,7 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
     let arch_name = g
         .get_str("general.architecture")
         .ok_or_else(|| Error::invalid_model("GGUF metadata general.architecture missing"))?;
-    let arch = Arch::parse(arch_name)?;
+    let arch = Arch::from_gguf(arch_name)?;
     let key = |k: &str| format!("{arch_name}.{k}");
     let u = |k: &str| {
         let v = g.get_u64(&key(k))?;
@@ -162,24 +240,37 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
         .get("token_embd.weight")
         .map(|w| w.rows)
         .ok_or_else(|| Error::invalid_model("tensor token_embd.weight missing"))?;
+    let head_dim = u("attention.key_length").unwrap_or(d_model / n_heads.max(1));
+    let family = arch.family();
+    let linear_scaling = g.get_str(&key("rope.scaling.type")) == Some("linear");
     let config = ModelConfig {
         arch,
         n_layers: u("block_count")?,
         d_model,
         n_heads,
         n_kv_heads: u("attention.head_count_kv").unwrap_or(n_heads),
-        head_dim: u("attention.key_length").unwrap_or(d_model / n_heads.max(1)),
+        head_dim,
         d_ffn: u("feed_forward_length")?,
         vocab_size,
         rope_theta: f("rope.freq_base", 10000.0),
         rms_eps: f("attention.layer_norm_rms_epsilon", 1e-6),
         context_length: u("context_length").unwrap_or(2048),
         tied_embeddings: !tensors.contains_key("output.weight"),
+        rotary_dim: u("rope.dimension_count").unwrap_or(head_dim),
+        rope_freq_scale: if linear_scaling { 1.0 / f("rope.scaling.factor", 1.0) } else { 1.0 },
+        rope_attn_factor: 1.0,
+        sliding_window: match family.windows {
+            Windows::Never => None,
+            _ => u("attention.sliding_window").ok(),
+        },
+        attn_scale: 1.0 / (head_dim as f32).sqrt(),
     };
     check_tokenizer(&tokenizer, &config)?;
     let chat_template = g.get_str("tokenizer.chat_template").map(str::to_owned);
-    let mut weights = assemble(config, tensors, &gguf_name)?;
-    if arch == Arch::Llama {
+    let factors = tensors.remove("rope_freqs.weight");
+    let mut weights = assemble(config, tensors, &gguf_name, 0.0)?;
+    weights.rope_factors = factors.map(|w| rope_factors(&w, &weights.config, "rope_freqs.weight")).transpose()?;
+    if family.gguf_interleaved_qk {
         let (q_heads, kv_heads) = (weights.config.n_heads, weights.config.n_kv_heads);
         for l in &mut weights.layers {
             l.wq = unpermute_qk(&l.wq, q_heads);
@@ -207,6 +298,20 @@ struct HfConfig {
     #[serde(default)]
     tie_word_embeddings: bool,
     eos_token_id: Option<serde_json::Value>,
+    partial_rotary_factor: Option<f32>,
+    sliding_window: Option<usize>,
+    /// Gemma: attention scores are scaled by its inverse square root.
+    query_pre_attn_scalar: Option<f32>,
+    rope_scaling: Option<RopeScaling>,
+}
+
+/// config.json's `rope_scaling`, of the types this engine applies.
+#[derive(Deserialize)]
+#[serde(tag = "rope_type", rename_all = "lowercase")]
+enum RopeScaling {
+    Linear { factor: f32 },
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+    Default,
 }
 fn default_eps() -> f32 {
     1e-6
@@ -273,7 +378,7 @@ fn json<T: for<'de> Deserialize<'de>>(s: &Storage, name: &str) -> Result<T> {
 /// model.safetensors.index.json, tokenizer.json, and tokenizer_config.json for the chat template.
 pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
     let cfg: HfConfig = json(&read_required(src, "config.json")?, "config.json")?;
-    let arch = Arch::parse(&cfg.model_type)?;
+    let arch = Arch::from_hf(&cfg.model_type)?;
     let tok_bytes = src
         .read("tokenizer.json")?
         .ok_or_else(|| Error::Tokenizer("tokenizer.json missing from the model directory".into()))?;
@@ -334,6 +439,8 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
         }
     }
     let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads.max(1));
+    let family = arch.family();
+    let rotary_dim = cfg.partial_rotary_factor.map_or(head_dim, |p| (head_dim as f32 * p) as usize);
     let config = ModelConfig {
         arch,
         n_layers: cfg.num_hidden_layers,
@@ -347,10 +454,31 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
         rms_eps: cfg.rms_norm_eps,
         context_length: cfg.max_position_embeddings.unwrap_or(2048),
         tied_embeddings: cfg.tie_word_embeddings || !tensors.contains_key("lm_head.weight"),
+        rotary_dim,
+        rope_freq_scale: match cfg.rope_scaling {
+            Some(RopeScaling::Linear { factor }) => 1.0 / factor,
+            _ => 1.0,
+        },
+        rope_attn_factor: 1.0,
+        sliding_window: cfg.sliding_window.filter(|_| family.windows != Windows::Never),
+        attn_scale: 1.0 / cfg.query_pre_attn_scalar.unwrap_or(head_dim as f32).sqrt(),
     };
     config.validate()?;
     check_tokenizer(&tokenizer, &config)?;
-    let weights = assemble(config, tensors, &hf_name)?;
+    let mut weights = assemble(config, tensors, &hf_name(family.post_norms), family.hf_norm_offset)?;
+    if let Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) =
+        cfg.rope_scaling
+    {
+        let c = &weights.config;
+        weights.rope_factors = Some(llama3_factors(
+            c.rotary_dim,
+            c.rope_theta,
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        ));
+    }
     Ok(ModelFile { weights, tokenizer, chat_template })
 }
 

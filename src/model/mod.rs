@@ -1,6 +1,7 @@
-//! What a model is: its config, its weights as stored (GGUF or safetensors), its tokenizer, and
-//! the transformer forward over a backend.
+//! What a model is: its family ([`arch`]), its config, its weights as stored (GGUF or
+//! safetensors), its tokenizer, and the transformer forward over a backend.
 
+pub mod arch;
 pub mod config;
 pub mod gguf;
 pub mod load;

@@ -1,6 +1,7 @@
-//! The decoder-only transformer forward (llama / qwen2), written once over [`Backend`].
+//! The decoder-only transformer forward of every family, written once over [`Backend`]; what
+//! differs between families comes from the config's [`crate::model::arch::Family`].
 
-use crate::backend::{AttnShape, Backend, Batch};
+use crate::backend::{Backend, Batch, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
@@ -14,10 +15,14 @@ struct Layer<W> {
     bk: Option<W>,
     bv: Option<W>,
     wo: W,
+    q_norm: Option<W>,
+    k_norm: Option<W>,
+    post_attn_norm: Option<W>,
     ffn_norm: W,
     w_gate: W,
     w_up: W,
     w_down: W,
+    post_ffn_norm: Option<W>,
 }
 
 pub struct Transformer<B: Backend> {
@@ -28,6 +33,7 @@ pub struct Transformer<B: Backend> {
     norm: B::Weight,
     output: B::Weight,
     head_tokens: Option<Vec<u32>>,
+    rope_factors: Option<Vec<f32>>,
 }
 
 impl<B: Backend> Transformer<B> {
@@ -48,10 +54,14 @@ impl<B: Backend> Transformer<B> {
                     bk: opt(&l.bk)?,
                     bv: opt(&l.bv)?,
                     wo: load(&l.wo)?,
+                    q_norm: opt(&l.q_norm)?,
+                    k_norm: opt(&l.k_norm)?,
+                    post_attn_norm: opt(&l.post_attn_norm)?,
                     ffn_norm: load(&l.ffn_norm)?,
                     w_gate: load(&l.w_gate)?,
                     w_up: load(&l.w_up)?,
                     w_down: load(&l.w_down)?,
+                    post_ffn_norm: opt(&l.post_ffn_norm)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -61,6 +71,7 @@ impl<B: Backend> Transformer<B> {
             norm: load(&w.norm)?,
             output: load(&w.output)?,
             head_tokens: w.head_tokens.clone(),
+            rope_factors: w.rope_factors.clone(),
             layers,
             backend,
         })
@@ -89,20 +100,27 @@ impl<B: Backend> Transformer<B> {
             return Err(Error::InvalidArgument("output row outside the batch".into()));
         }
         let b = &self.backend;
-        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
-        let mut x = b.embed(&self.embed, &batch.tokens)?;
+        let eps = c.rms_eps;
+        let norm = |x: B::Tensor, w: &Option<B::Weight>| match w {
+            Some(w) => b.rms_norm(&x, w, eps),
+            None => Ok(x),
+        };
+        let mut x = b.embed(&self.embed, &batch.tokens, c.embed_scale())?;
         for (i, l) in self.layers.iter().enumerate() {
-            let h = b.rms_norm(&x, &l.attn_norm, c.rms_eps)?;
-            let mut q = b.matmul(&h, &l.wq, l.bq.as_ref())?;
-            let mut k = b.matmul(&h, &l.wk, l.bk.as_ref())?;
+            let shape = c.attn_shape(i);
+            check_window(batch, shape.window)?;
+            let rope = c.rope(i, self.rope_factors.as_deref());
+            let h = b.rms_norm(&x, &l.attn_norm, eps)?;
+            let mut q = norm(b.matmul(&h, &l.wq, l.bq.as_ref())?, &l.q_norm)?;
+            let mut k = norm(b.matmul(&h, &l.wk, l.bk.as_ref())?, &l.k_norm)?;
             let v = b.matmul(&h, &l.wv, l.bv.as_ref())?;
-            b.rope(&mut q, &batch.positions, c.head_dim, c.rope_theta)?;
-            b.rope(&mut k, &batch.positions, c.head_dim, c.rope_theta)?;
+            b.rope(&mut q, &batch.positions, &rope)?;
+            b.rope(&mut k, &batch.positions, &rope)?;
             let att = b.attention(&q, &k, &v, cache, i, batch, shape)?;
-            b.add_assign(&mut x, &b.matmul(&att, &l.wo, None)?)?;
-            let h = b.rms_norm(&x, &l.ffn_norm, c.rms_eps)?;
-            let act = b.swiglu(&b.matmul(&h, &l.w_gate, None)?, &b.matmul(&h, &l.w_up, None)?)?;
-            b.add_assign(&mut x, &b.matmul(&act, &l.w_down, None)?)?;
+            b.add_assign(&mut x, &norm(b.matmul(&att, &l.wo, None)?, &l.post_attn_norm)?)?;
+            let h = b.rms_norm(&x, &l.ffn_norm, eps)?;
+            let act = b.glu(&b.matmul(&h, &l.w_gate, None)?, &b.matmul(&h, &l.w_up, None)?, c.family().activation)?;
+            b.add_assign(&mut x, &norm(b.matmul(&act, &l.w_down, None)?, &l.post_ffn_norm)?)?;
         }
         let x = if out_rows.len() == m && out_rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
             x
@@ -112,6 +130,24 @@ impl<B: Backend> Transformer<B> {
         let x = b.rms_norm(&x, &self.norm, c.rms_eps)?;
         b.matmul(&x, &self.output, None)
     }
+}
+
+/// Under a sliding window a row keeps its extra (tree) slots, which is exact only while they lie
+/// within its window: a tree deeper than the window is refused rather than attended wrongly.
+fn check_window(batch: &Batch, window: Option<u32>) -> Result<()> {
+    let Some(w) = window else { return Ok(()) };
+    let stride = batch.mask.extra_stride;
+    for r in 0..batch.len() {
+        let has_extras = batch.mask.extra[r * stride..(r + 1) * stride].iter().any(|&s| s != NO_SLOT);
+        // The extras' positions lie between the prefix's end and the row's own.
+        if has_extras && batch.positions[r] as usize + 1 > batch.mask.prefix[r] as usize + w as usize {
+            return Err(Error::InvalidArgument(format!(
+                "a tree row at position {} reaches past its {w}-position sliding window",
+                batch.positions[r]
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The output head has a row per token of the vocabulary, or per token of its `head_tokens`.

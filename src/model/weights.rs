@@ -13,10 +13,17 @@ pub struct LayerWeights {
     pub bk: Option<Weight>,
     pub bv: Option<Weight>,
     pub wo: Weight,
+    /// Per-head RMSNorm weights of Q and K (`head_dim` values each), in families with Q/K norms.
+    pub q_norm: Option<Weight>,
+    pub k_norm: Option<Weight>,
+    /// RMSNorm of the attention output before the residual add, in families with post-norms.
+    pub post_attn_norm: Option<Weight>,
     pub ffn_norm: Weight,
     pub w_gate: Weight,
     pub w_up: Weight,
     pub w_down: Weight,
+    /// RMSNorm of the feed-forward output before the residual add, in families with post-norms.
+    pub post_ffn_norm: Option<Weight>,
 }
 
 #[derive(Clone, Debug)]
@@ -31,4 +38,7 @@ pub struct ModelWeights {
     /// vocabulary (a pruned draft head): every other token's logit is -inf. `None`: row i is
     /// token i.
     pub head_tokens: Option<Vec<u32>>,
+    /// RoPE's per-frequency divisors (Llama 3's scaling, Phi-3's long RoPE), one per rotated
+    /// pair; `None`: all 1.
+    pub rope_factors: Option<Vec<f32>>,
 }

@@ -30,6 +30,11 @@ impl Bytes {
         let n = v.len();
         Bytes { storage: Arc::new(v), range: 0..n }
     }
+    /// Bytes `range` of this view, sharing its storage.
+    pub fn slice(&self, range: Range<usize>) -> Bytes {
+        debug_assert!(range.end <= self.len());
+        Bytes::new(self.storage.clone(), self.range.start + range.start..self.range.start + range.end)
+    }
     pub fn as_slice(&self) -> &[u8] {
         &(*self.storage).as_ref()[self.range.clone()]
     }
@@ -107,6 +112,12 @@ impl Weight {
         let mut out = vec![0.0; self.rows * self.cols];
         quant::dequantize(self.dtype, self.data.as_slice(), &mut out);
         out
+    }
+
+    /// Rows `rows` as a weight of their own, sharing this one's storage (a fused matrix's parts).
+    pub fn rows_view(&self, rows: Range<usize>) -> Weight {
+        let rb = self.row_bytes();
+        Weight { rows: rows.len(), data: self.data.slice(rows.start * rb..rows.end * rb), ..self.clone() }
     }
 
     /// Rows reordered so that new row `i` is old row `perm[i]` (GGUF llama Q/K un-permute).

@@ -7,8 +7,8 @@ use saguaro::model::config::{Arch, ModelConfig};
 use saguaro::model::runner::Runner;
 use saguaro::model::transformer::Transformer;
 use saguaro::model::weights::{LayerWeights, ModelWeights};
-use saguaro::storage::Weight;
 use saguaro::sampling::Rng;
+use saguaro::storage::Weight;
 
 /// A llama-shaped model with `vocab` tokens and seeded random weights. `scale` sets the spread
 /// of the embeddings (tied to the output head), and so how peaked the next-token distributions are.
@@ -26,6 +26,11 @@ pub fn tiny_weights(seed: u64, vocab: usize, n_layers: usize, scale: f32) -> Mod
         rms_eps: 1e-5,
         context_length: 512,
         tied_embeddings: true,
+        rotary_dim: 8,
+        rope_freq_scale: 1.0,
+        rope_attn_factor: 1.0,
+        sliding_window: None,
+        attn_scale: 8f32.sqrt().recip(),
     };
     let mut rng = Rng::new(seed);
     let mut random = |rows: usize, cols: usize, scale: f32| {
@@ -44,14 +49,18 @@ pub fn tiny_weights(seed: u64, vocab: usize, n_layers: usize, scale: f32) -> Mod
             bk: None,
             bv: None,
             wo: random(d, q, 0.3),
+            q_norm: None,
+            k_norm: None,
+            post_attn_norm: None,
             ffn_norm: ones(d),
             w_gate: random(f, d, 0.3),
             w_up: random(f, d, 0.3),
             w_down: random(d, f, 0.3),
+            post_ffn_norm: None,
         })
         .collect();
     let embed = random(vocab, d, scale);
-    ModelWeights { config, output: embed.clone(), embed, layers, norm: ones(d), head_tokens: None }
+    ModelWeights { config, output: embed.clone(), embed, layers, norm: ones(d), head_tokens: None, rope_factors: None }
 }
 
 /// A single-threaded CPU runner over `weights` with `capacity` KV slots.

@@ -280,17 +280,18 @@ pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     y[done..].iter_mut().zip(&x[done..]).for_each(|(y, x)| *y += a * x);
 }
 
-/// `out = g / (1 + e^-g) * u` (SwiGLU's gating), elementwise over slices of equal length.
-pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+/// `out = act(g) * u`, elementwise over slices of equal length, with `act` given by its
+/// [`crate::backend::Activation::sigmoid_coefficients`] `(a, b)`: `act(g) = g / (1 + e^-(g (a + b g^2)))`.
+pub(crate) fn gated_mul(g: &[f32], u: &[f32], out: &mut [f32], (a, b): (f32, f32)) {
     #[allow(unused_mut)]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if avx2() {
         // SAFETY: AVX2, FMA and F16C were detected.
-        done = unsafe { kernels::x86::float::silu_mul(g, u, out) };
+        done = unsafe { kernels::x86::float::gated_mul(g, u, out, (a, b)) };
     }
     let rest = out[done..].iter_mut().zip(g[done..].iter().zip(&u[done..]));
-    rest.for_each(|(o, (g, u))| *o = g / (1.0 + (-g).exp()) * u);
+    rest.for_each(|(o, (g, u))| *o = g / (1.0 + (-(g * (a + b * g * g))).exp()) * u);
 }
 
 /// `dot(a, b)` of two f32 slices of equal length.

@@ -8,7 +8,7 @@ mod quantize;
 
 use std::future::{ready, Future};
 
-use crate::backend::{rope_table, AttnShape, Backend, Batch};
+use crate::backend::{rope_table, Activation, AttnShape, Backend, Batch, Rope};
 use crate::error::{Error, Result};
 use crate::storage::Weight;
 use pool::{Pool, SharedMut};
@@ -112,7 +112,7 @@ impl Backend for CpuBackend {
         Ok(Tensor::new(rows, cols, data.to_vec()))
     }
 
-    fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
+    fn embed(&self, table: &Weight, ids: &[u32], scale: f32) -> Result<Tensor> {
         let d = table.cols;
         let mut out = vec![0.0; ids.len() * d];
         for (i, &id) in ids.iter().enumerate() {
@@ -122,17 +122,22 @@ impl Backend for CpuBackend {
                     table.rows
                 )));
             }
-            table.dequantize_row(id as usize, &mut out[i * d..(i + 1) * d]);
+            let row = &mut out[i * d..(i + 1) * d];
+            table.dequantize_row(id as usize, row);
+            if scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         Ok(Tensor::new(ids.len(), d, out))
     }
 
     fn rms_norm(&self, x: &Tensor, w: &Weight, eps: f32) -> Result<Tensor> {
-        shape_check(w.rows * w.cols == x.cols, "rms_norm")?;
+        let n = w.rows * w.cols;
+        shape_check(n > 0 && x.cols.is_multiple_of(n), "rms_norm")?;
         let w = w.to_f32();
         let mut out = x.clone();
-        for row in out.data.chunks_exact_mut(x.cols) {
-            let ms = row.iter().map(|v| v * v).sum::<f32>() / x.cols as f32;
+        for row in out.data.chunks_exact_mut(n) {
+            let ms = row.iter().map(|v| v * v).sum::<f32>() / n as f32;
             let s = 1.0 / (ms + eps).sqrt();
             row.iter_mut().zip(&w).for_each(|(v, g)| *v *= s * g);
         }
@@ -161,15 +166,12 @@ impl Backend for CpuBackend {
         Ok(Tensor::new(x.rows, w.rows, out))
     }
 
-    fn rope(&self, x: &mut Tensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
-        shape_check(
-            positions.len() == x.rows && head_dim.is_multiple_of(2) && head_dim > 0 && x.cols.is_multiple_of(head_dim),
-            "rope",
-        )?;
-        let half = head_dim / 2;
-        let table = rope_table(positions, head_dim, theta);
+    fn rope(&self, x: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        shape_check(positions.len() == x.rows && rope.valid() && x.cols.is_multiple_of(rope.head_dim), "rope")?;
+        let half = rope.rotary_dim / 2;
+        let table = rope_table(positions, rope);
         for (row, cs) in x.data.chunks_exact_mut(x.cols).zip(table.chunks_exact(half)) {
-            for head in row.chunks_exact_mut(head_dim) {
+            for head in row.chunks_exact_mut(rope.head_dim) {
                 for (i, &(cos, sin)) in cs.iter().enumerate() {
                     let (a, b) = (head[i], head[i + half]);
                     head[i] = a * cos - b * sin;
@@ -212,7 +214,7 @@ impl Backend for CpuBackend {
         let (kc, vc) = (&*kc, &*vc);
         let hd = s.head_dim;
         let group = s.n_heads / s.n_kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = s.scale;
         let mut out = vec![0.0; q.rows * q.cols];
         let out_ptr = SharedMut(out.as_mut_ptr());
         self.pool.for_each(q.rows * s.n_heads, |job| {
@@ -220,7 +222,7 @@ impl Backend for CpuBackend {
             let (r, h) = (job / s.n_heads, job % s.n_heads);
             let kvo = (h / group) * hd;
             let qh = &q.row(r)[h * hd..(h + 1) * hd];
-            let slots: Vec<usize> = batch.attended(r).collect();
+            let slots: Vec<usize> = batch.attended(r, s.window).collect();
             let mut scores: Vec<f32> =
                 slots.iter().map(|&t| matmul::dot(qh, &kc[t * kv_dim + kvo..t * kv_dim + kvo + hd]) * scale).collect();
             let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
@@ -238,8 +240,9 @@ impl Backend for CpuBackend {
         Ok(Tensor::new(q.rows, q.cols, out))
     }
 
-    fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        shape_check(gate.data.len() == up.data.len(), "swiglu")?;
+    fn glu(&self, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
+        shape_check(gate.data.len() == up.data.len(), "glu")?;
+        let coefficients = act.sigmoid_coefficients();
         // Chunks of whole 8-lane vectors, enough for the threads to share.
         const CHUNK: usize = 4096;
         let n = gate.data.len();
@@ -250,7 +253,7 @@ impl Backend for CpuBackend {
             let span = c * CHUNK..((c + 1) * CHUNK).min(n);
             // SAFETY: chunk c alone writes out[span], which lies within out's n elements.
             let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(span.start), span.len()) };
-            matmul::silu_mul(&gate.data[span.clone()], &up.data[span], o);
+            matmul::gated_mul(&gate.data[span.clone()], &up.data[span], o, coefficients);
         });
         Ok(Tensor::new(gate.rows, gate.cols, out))
     }

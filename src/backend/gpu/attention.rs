@@ -1,6 +1,7 @@
 //! Attention over the GPU KV cache: write the batch's K/V into its slots, then one workgroup per
-//! (row, head) attends the slots the mask gives the row (a causal prefix plus explicit extra
-//! slots for tree batches), with the softmax computed online.
+//! (row, head) attends the slots the mask gives the row (a causal prefix, cut to a sliding window
+//! where the layer has one, plus explicit extra slots for tree batches), with the softmax
+//! computed online.
 
 use crate::backend::{AttnShape, Batch};
 use crate::error::{Error, Result};
@@ -51,7 +52,9 @@ impl GpuBackend {
         if extent > cache.capacity {
             return Err(Error::ContextOverflow { prompt: extent, requested: 0, context: cache.capacity });
         }
-        let key: Vec<u32> = batch.slots.iter().chain(&mask.prefix).chain(&mask.extra).copied().collect();
+        let start = (0..m).map(|r| batch.window_start(r, s.window) as u32);
+        let key: Vec<u32> =
+            batch.slots.iter().chain(&mask.prefix).copied().chain(start).chain(mask.extra.iter().copied()).collect();
         let meta = self.meta(Meta::Mask, &key, |k| k.to_vec())?;
         let params = [
             m as u32,
@@ -60,7 +63,7 @@ impl GpuBackend {
             s.head_dim as u32,
             kv_dim as u32,
             mask.extra_stride as u32,
-            f(1.0 / (s.head_dim as f32).sqrt()),
+            f(s.scale),
         ];
         let cache_bytes = (cache.capacity.max(1) * kv_dim * 4) as u64;
         let (kc, vc) = ((5, &cache.k[layer], cache_bytes), (6, &cache.v[layer], cache_bytes));

@@ -1,18 +1,21 @@
-//! SwiGLU, residual add and row selection.
+//! Gated activations, residual add and row selection.
 
+use crate::backend::Activation;
 use crate::error::Result;
 
 use super::buffers::Meta;
+use super::encoder::f;
 use super::pipelines::ELEMENTWISE;
 use super::{groups, shape_check, GpuBackend, Tensor};
 
 impl GpuBackend {
-    pub(super) fn swiglu_rows(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        shape_check(gate.rows * gate.cols == up.rows * up.cols, "swiglu")?;
+    pub(super) fn glu_rows(&self, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
+        shape_check(gate.rows * gate.cols == up.rows * up.cols, "glu")?;
         let out = self.tensor(gate.rows, gate.cols)?;
         let n = gate.rows * gate.cols;
-        let kernel = self.kernel(&ELEMENTWISE, "swiglu", &[])?;
-        self.dispatch(&kernel, &[n as u32, 0], &[gate.bind(1), up.bind(2), out.bind(4)], groups(n, 256)?)?;
+        let (a, b) = act.sigmoid_coefficients();
+        let kernel = self.kernel(&ELEMENTWISE, "glu", &[])?;
+        self.dispatch(&kernel, &[n as u32, 0, f(a), f(b)], &[gate.bind(1), up.bind(2), out.bind(4)], groups(n, 256)?)?;
         Ok(out)
     }
 
@@ -20,7 +23,7 @@ impl GpuBackend {
         shape_check(x.rows * x.cols == y.rows * y.cols, "add")?;
         let n = x.rows * x.cols;
         let kernel = self.kernel(&ELEMENTWISE, "add_assign", &[])?;
-        self.dispatch(&kernel, &[n as u32, 0], &[y.bind(1), x.bind(4)], groups(n, 256)?)
+        self.dispatch(&kernel, &[n as u32, 0, 0, 0], &[y.bind(1), x.bind(4)], groups(n, 256)?)
     }
 
     pub(super) fn gather_rows(&self, x: &Tensor, rows: &[u32]) -> Result<Tensor> {
@@ -31,7 +34,7 @@ impl GpuBackend {
         let kernel = self.kernel(&ELEMENTWISE, "select_rows", &[])?;
         self.dispatch(
             &kernel,
-            &[n as u32, x.cols as u32],
+            &[n as u32, x.cols as u32, 0, 0],
             &[x.bind(1), (3, &idx, idx.size()), out.bind(4)],
             groups(n, 256)?,
         )?;

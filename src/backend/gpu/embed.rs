@@ -3,11 +3,12 @@
 use crate::error::{Error, Result};
 
 use super::buffers::Meta;
+use super::encoder::f;
 use super::pipelines::EMBED;
 use super::{groups, GpuBackend, Tensor, Weight};
 
 impl GpuBackend {
-    pub(super) fn embed_rows(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
+    pub(super) fn embed_rows(&self, table: &Weight, ids: &[u32], scale: f32) -> Result<Tensor> {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.rows()) {
             return Err(Error::InvalidArgument(format!(
                 "token id {id} is outside the vocabulary of {} tokens",
@@ -22,7 +23,7 @@ impl GpuBackend {
             let (wbuf, wbytes) = part.bind();
             self.dispatch(
                 &kernel,
-                &[m as u32, k as u32, part.row0, part.rows],
+                &[m as u32, k as u32, part.row0, part.rows, f(scale)],
                 &[(1, &ids_buf, ids_buf.size()), (2, wbuf, wbytes), out.bind(3)],
                 groups(m * k.div_ceil(4), 64)?,
             )?;

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{AttnShape, Backend, Batch};
+use crate::backend::{Activation, AttnShape, Backend, Batch, Rope};
 use crate::error::{Error, Result};
 use crate::storage::Weight as HostWeight;
 
@@ -201,8 +201,8 @@ impl Backend for GpuBackend {
         Ok(Tensor { buf: self.pool.upload(&self.device, &bytes)?, rows, cols })
     }
 
-    fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
-        self.embed_rows(table, ids)
+    fn embed(&self, table: &Weight, ids: &[u32], scale: f32) -> Result<Tensor> {
+        self.embed_rows(table, ids, scale)
     }
 
     fn rms_norm(&self, x: &Tensor, w: &Weight, eps: f32) -> Result<Tensor> {
@@ -213,8 +213,8 @@ impl Backend for GpuBackend {
         self.matmul_weight(x, w, bias)
     }
 
-    fn rope(&self, x: &mut Tensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
-        self.rope_rows(x, positions, head_dim, theta)
+    fn rope(&self, x: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        self.rope_rows(x, positions, rope)
     }
 
     fn attention(
@@ -230,8 +230,8 @@ impl Backend for GpuBackend {
         self.attend(q, k, v, cache, layer, batch, shape)
     }
 
-    fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        self.swiglu_rows(gate, up)
+    fn glu(&self, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
+        self.glu_rows(gate, up, act)
     }
 
     fn add_assign(&self, x: &mut Tensor, y: &Tensor) -> Result<()> {

@@ -4,18 +4,22 @@ use crate::error::Result;
 
 use super::encoder::f;
 use super::pipelines::NORM;
-use super::{groups, GpuBackend, Tensor, Weight};
+use super::{groups, shape_check, GpuBackend, Tensor, Weight};
 
 impl GpuBackend {
+    /// Each group of `w`'s length of consecutive values is a row to the kernel.
     pub(super) fn rms_norm_rows(&self, x: &Tensor, w: &Weight, eps: f32) -> Result<Tensor> {
-        let wbuf = w.vector(x.cols, "rms_norm")?;
+        let n = w.rows() * w.cols();
+        shape_check(n > 0 && x.cols.is_multiple_of(n), "rms_norm")?;
+        let wbuf = w.vector(n, "rms_norm")?;
         let out = self.tensor(x.rows, x.cols)?;
         let kernel = self.kernel(&NORM, "rms_norm", &[])?;
+        let rows = x.rows * (x.cols / n);
         self.dispatch(
             &kernel,
-            &[x.rows as u32, x.cols as u32, f(eps)],
+            &[rows as u32, n as u32, f(eps)],
             &[x.bind(1), (2, wbuf, wbuf.size()), out.bind(3)],
-            groups(x.rows, 1)?,
+            groups(rows, 1)?,
         )?;
         Ok(out)
     }

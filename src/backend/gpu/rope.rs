@@ -1,32 +1,52 @@
-//! Rotate-half RoPE at explicit positions.
+//! RoPE at explicit positions.
 
-use crate::backend::rope_table;
+use crate::backend::{rope_table, Rope};
 use crate::error::Result;
 
 use super::buffers::Meta;
 use super::pipelines::ROPE;
 use super::{groups, shape_check, GpuBackend, Tensor};
 
-/// The `(cos, sin)` table of [`rope_table`] as the shader reads it.
+/// The key of a RoPE table: what [`rope_table`] computes it from.
+fn key(positions: &[u32], rope: &Rope) -> Vec<u32> {
+    let factors = rope.factors.unwrap_or(&[]);
+    [rope.rotary_dim as u32, rope.theta.to_bits(), rope.freq_scale.to_bits(), rope.attn_factor.to_bits()]
+        .into_iter()
+        .chain([factors.len() as u32])
+        .chain(factors.iter().map(|f| f.to_bits()))
+        .chain(positions.iter().copied())
+        .collect()
+}
+
+/// The `(cos, sin)` table of [`rope_table`] as the shader reads it, from its [`key`].
 fn table(key: &[u32]) -> Vec<u32> {
-    let (head_dim, theta, positions) = (key[0] as usize, f32::from_bits(key[1]), &key[2..]);
-    rope_table(positions, head_dim, theta).into_iter().flat_map(|(cos, sin)| [cos.to_bits(), sin.to_bits()]).collect()
+    let f = |i: usize| f32::from_bits(key[i]);
+    let n_factors = key[4] as usize;
+    let factors: Vec<f32> = key[5..5 + n_factors].iter().map(|&b| f32::from_bits(b)).collect();
+    let rope = Rope {
+        head_dim: key[0] as usize,
+        rotary_dim: key[0] as usize,
+        theta: f(1),
+        freq_scale: f(2),
+        attn_factor: f(3),
+        factors: (n_factors > 0).then_some(&factors[..]),
+    };
+    let positions = &key[5 + n_factors..];
+    rope_table(positions, &rope).into_iter().flat_map(|(cos, sin)| [cos.to_bits(), sin.to_bits()]).collect()
 }
 
 impl GpuBackend {
-    pub(super) fn rope_rows(&self, x: &mut Tensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
-        shape_check(
-            positions.len() == x.rows && head_dim.is_multiple_of(2) && head_dim > 0 && x.cols.is_multiple_of(head_dim),
-            "rope",
-        )?;
-        let key: Vec<u32> = [head_dim as u32, theta.to_bits()].into_iter().chain(positions.iter().copied()).collect();
-        let tab = self.meta(Meta::Rope, &key, table)?;
+    pub(super) fn rope_rows(&self, x: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        shape_check(positions.len() == x.rows && rope.valid() && x.cols.is_multiple_of(rope.head_dim), "rope")?;
+        let tab = self.meta(Meta::Rope, &key(positions, rope), table)?;
         let kernel = self.kernel(&ROPE, "rope", &[])?;
+        let half = rope.rotary_dim / 2;
+        let pairs = x.rows * (x.cols / rope.head_dim) * half;
         self.dispatch(
             &kernel,
-            &[x.rows as u32, x.cols as u32, (head_dim / 2) as u32],
+            &[x.rows as u32, x.cols as u32, half as u32, rope.head_dim as u32],
             &[x.bind(1), (2, &tab, tab.size())],
-            groups(x.rows * x.cols / 2, 64)?,
+            groups(pairs, 64)?,
         )
     }
 }

@@ -124,8 +124,8 @@ mod tests {
         assert_eq!(b0.tokens, vec![7, 8, 9]);
         assert_eq!(b0.slots, vec![13, 14, 15], "tree slots start after the glue");
         assert_eq!(b0.positions, vec![11, 13, 13], "a branch continues right after its k glue tokens");
-        assert_eq!(b0.attended(0).collect::<Vec<_>>(), [(0..11).collect::<Vec<_>>(), vec![13]].concat());
-        assert_eq!(b0.attended(2).collect::<Vec<_>>(), [(0..13).collect::<Vec<_>>(), vec![15]].concat());
+        assert_eq!(b0.attended(0, None).collect::<Vec<_>>(), [(0..11).collect::<Vec<_>>(), vec![13]].concat());
+        assert_eq!(b0.attended(2, None).collect::<Vec<_>>(), [(0..13).collect::<Vec<_>>(), vec![15]].concat());
 
         let b2 = tree.step(2, &[1, 2, 3]);
         assert_eq!(b2.slots, vec![19, 20, 21]);
@@ -133,7 +133,7 @@ mod tests {
         assert_eq!(b2.mask.extra_stride, 3);
         assert_eq!(b2.mask.extra[3..6], [14, 17, 20], "branch 1 sees its own steps 0..=2 only");
         assert!(!b2.mask.extra.contains(&NO_SLOT));
-        assert_eq!(b2.attended(1).collect::<Vec<_>>(), [(0..13).collect::<Vec<_>>(), vec![14, 17, 20]].concat());
+        assert_eq!(b2.attended(1, None).collect::<Vec<_>>(), [(0..13).collect::<Vec<_>>(), vec![14, 17, 20]].concat());
         assert_eq!(b2.slot_extent(), 22, "within base + scratch");
         assert_eq!(10 + Tree::scratch(2, 3, 3), 22);
     }

@@ -85,17 +85,20 @@ fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(p, two_n)
 }
 
-/// `out = silu(g) * u = g / (1 + e^-g) * u` over the common length's whole 8-lane vectors;
-/// returns how many values that was, leaving the rest to the caller.
+/// `out = g / (1 + e^-(g (a + b g^2))) * u` (see `Activation::sigmoid_coefficients`) over the
+/// common length's whole 8-lane vectors; returns how many values that was, leaving the rest to
+/// the caller.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) -> usize {
+pub(crate) fn gated_mul(g: &[f32], u: &[f32], out: &mut [f32], (a, b): (f32, f32)) -> usize {
     let main = out.len().min(g.len()).min(u.len()) / 8 * 8;
     let one = _mm256_set1_ps(1.0);
+    let (av, bv) = (_mm256_set1_ps(a), _mm256_set1_ps(b));
     for j in (0..main).step_by(8) {
         // SAFETY: j + 8 <= main, within all three slices.
         unsafe {
             let gv = _mm256_loadu_ps(g.as_ptr().add(j));
-            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            let z = _mm256_mul_ps(gv, _mm256_fmadd_ps(bv, _mm256_mul_ps(gv, gv), av));
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
             let s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
             _mm256_storeu_ps(out.as_mut_ptr().add(j), _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(j))));
         }
