@@ -10,6 +10,7 @@ pub mod autoregressive;
 pub mod choice;
 pub mod model_drafter;
 pub mod ngram;
+mod session;
 pub mod spec;
 pub mod speculative;
 pub mod ssd;

@@ -6,14 +6,12 @@
 //! s1..sn -> the target verifies [rec, s1..sn] into the outcome (k, t*) -> the drafter keeps what
 //! the target accepted -> s1..sk, t* join the output, and t* is the next round's `rec`.
 
-use web_time::Instant;
-
-use super::autoregressive::pick;
 use super::model_drafter::ModelDrafter;
+use super::session::{prefill, Decoding};
 use super::spec::{check_draft, draft_rng, timed, verify, Drafter, SpecConfig, Tally};
-use super::{elapsed_ms, Generation, Output, Request, Sink, Stats};
+use super::{Generation, Request, Sink};
 use crate::error::Result;
-use crate::model::runner::{append, Lm, Want};
+use crate::model::runner::Lm;
 use crate::sampling::Rng;
 
 /// Speculative decoding of `req` on `target` with proposals from `draft` (same vocabulary).
@@ -42,36 +40,28 @@ pub async fn generate_sd_with(
     spec.validate()?;
     let target_room = req.validate(target, 0)?;
     let room = req.speculative_room(target_room, drafter.room(req))?;
-    target.truncate(0);
-    let mut rng = Rng::new(req.sampling.seed);
-    let mut stats = Stats { mode: "sd".into(), prompt_tokens: req.prompt.len(), ..Stats::default() };
-    let t0 = Instant::now();
-    let logits = append(target, &req.prompt, Want::LastLogits).await?.logits();
-    let mut rec = pick(&logits, req, &mut rng);
+    let first = prefill(target, req, "sd").await?;
     drafter.start(&req.prompt).await?;
-    stats.prefill_ms = elapsed_ms(t0);
-
-    let t1 = Instant::now();
+    let run = first.decode(req, room, sink);
     let mut sd = Sd {
         target,
         drafter,
         req,
         spec,
-        rng,
         drng: draft_rng(req.sampling.seed),
-        out: Output::new(req, room, sink),
-        tally: Tally::new(t1),
+        tally: Tally::new(run.started),
+        run,
         draft_ms: 0.0,
     };
-    sd.out.push(&[rec]);
-    while !sd.out.done() {
+    let mut rec = sd.run.first;
+    while !sd.run.out.done() {
         rec = sd.round(rec).await?;
     }
-    let decode_ms = elapsed_ms(t1);
-    sd.tally.write(&mut stats);
-    stats.draft_busy_ms = Some(sd.draft_ms);
-    stats.finish(sd.out.tokens.len(), decode_ms);
-    Ok(sd.out.into_generation(stats))
+    let (tally, draft_ms) = (sd.tally, sd.draft_ms);
+    Ok(sd.run.finish(|stats| {
+        tally.write(stats);
+        stats.draft_busy_ms = Some(draft_ms);
+    }))
 }
 
 /// An SD generation after its prefill.
@@ -80,11 +70,9 @@ struct Sd<'a> {
     drafter: &'a mut dyn Drafter,
     req: &'a Request,
     spec: &'a SpecConfig,
-    /// The target's random stream.
-    rng: Rng,
-    /// The drafter's.
+    run: Decoding<'a>,
+    /// The drafter's random stream.
     drng: Rng,
-    out: Output<'a>,
     tally: Tally,
     draft_ms: f64,
 }
@@ -93,13 +81,13 @@ impl Sd<'_> {
     /// One round after `rec`; returns the next round's `rec`.
     async fn round(&mut self, rec: u32) -> Result<u32> {
         // The bonus token always follows the proposal, so it may take one token less than remains.
-        let n = self.spec.k.min(self.out.remaining() - 1);
+        let n = self.spec.k.min(self.run.out.remaining() - 1);
         let params = &self.req.sampling;
         let (proposal, draft_span) = timed(self.drafter.propose(rec, n, params, &mut self.drng)).await?;
-        let verifying = verify(&mut *self.target, rec, &proposal, params, &mut self.rng, self.spec.fault);
+        let verifying = verify(&mut *self.target, rec, &proposal, params, &mut self.run.rng, self.spec.fault);
         let (outcome, verify_span) = timed(verifying).await?;
         self.drafter.accept(&proposal, outcome.accepted);
-        let committed = self.out.push(&outcome.committed(&proposal));
+        let committed = self.run.out.push(&outcome.committed(&proposal));
         self.tally.round(proposal.tokens.len(), outcome, committed, verify_span, Some(draft_span), None);
         self.draft_ms += draft_span.ms();
         Ok(outcome.bonus)

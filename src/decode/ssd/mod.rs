@@ -22,17 +22,14 @@ pub mod cache;
 mod draft;
 pub mod fanout;
 
-use web_time::Instant;
-
 pub use draft::{DraftHost, DraftWorker, Job, Reply};
 
-use super::autoregressive::pick;
+use super::session::{prefill, Decoding};
 use super::spec::{check_draft, timed, verify, Outcome, Proposal, SpecConfig, Tally};
-use super::{elapsed_ms, Generation, Output, Request, Sink, Stats};
+use super::{Generation, Request, Sink, Stats};
 use crate::error::{Error, Result};
-use crate::model::runner::{append, Lm, Want};
+use crate::model::runner::Lm;
 use crate::runtime::Span;
-use crate::sampling::Rng;
 
 /// SSD of `req`: the target verifies on the caller's thread while `draft` speculates on its
 /// worker. The worker stays usable for later generations, whatever this one ends with.
@@ -97,41 +94,33 @@ async fn run(
     room: usize,
     sink: Sink<'_>,
 ) -> Result<Generation> {
-    target.truncate(0);
-    let mut rng = Rng::new(req.sampling.seed);
-    let mut stats = Stats { mode: "ssd".into(), prompt_tokens: req.prompt.len(), ..Stats::default() };
-    let t0 = Instant::now();
     draft.send(Job::Start { req: req.clone(), spec: spec.clone() })?;
-    let logits = append(target, &req.prompt, Want::LastLogits).await?.logits();
-    let mut rec = pick(&logits, req, &mut rng);
+    let first = prefill(target, req, "ssd").await?;
     expect_started(draft.recv().await?)?;
-    stats.prefill_ms = elapsed_ms(t0);
-
-    let t1 = Instant::now();
+    let run = first.decode(req, room, sink);
     let mut ssd = Ssd {
         target,
         draft,
         req,
         spec,
-        rng,
-        out: Output::new(req, room, sink),
-        tally: Tally::new(t1),
+        tally: Tally::new(run.started),
+        run,
         time: DraftTime::default(),
         lookups: Lookups::default(),
     };
-    ssd.out.push(&[rec]);
+    let mut rec = ssd.run.first;
     let mut last = None;
-    while !ssd.out.done() {
+    while !ssd.run.out.done() {
         let outcome = ssd.round(rec, last).await?;
         rec = outcome.bonus;
         last = Some(outcome);
     }
-    let decode_ms = elapsed_ms(t1);
-    ssd.tally.write(&mut stats);
-    ssd.time.write(&mut stats);
-    ssd.lookups.write(&mut stats);
-    stats.finish(ssd.out.tokens.len(), decode_ms);
-    Ok(ssd.out.into_generation(stats))
+    let Ssd { tally, time, lookups, run, .. } = ssd;
+    Ok(run.finish(|stats| {
+        tally.write(stats);
+        time.write(stats);
+        lookups.write(stats);
+    }))
 }
 
 /// An SSD generation after its prefill, seen from the target's side.
@@ -140,8 +129,7 @@ struct Ssd<'a> {
     draft: &'a mut DraftWorker,
     req: &'a Request,
     spec: &'a SpecConfig,
-    rng: Rng,
-    out: Output<'a>,
+    run: Decoding<'a>,
     tally: Tally,
     time: DraftTime,
     lookups: Lookups,
@@ -150,17 +138,18 @@ struct Ssd<'a> {
 impl Ssd<'_> {
     /// One round after `rec`, whose predecessor ended with `last` (none in the first round).
     async fn round(&mut self, rec: u32, last: Option<Outcome>) -> Result<Outcome> {
-        let remaining = self.out.remaining();
+        let remaining = self.run.out.remaining();
         let (proposal, hit) = self.proposal(last, rec, self.spec.k.min(remaining - 1)).await?;
         // This round commits at least the bonus token, so the next one proposes at most
         // `remaining - 2` tokens.
         self.speculate(rec, &proposal, self.spec.k.min(remaining.saturating_sub(2)))?;
-        let verifying = verify(&mut *self.target, rec, &proposal, &self.req.sampling, &mut self.rng, self.spec.fault);
+        let verifying =
+            verify(&mut *self.target, rec, &proposal, &self.req.sampling, &mut self.run.rng, self.spec.fault);
         let (outcome, verify_span) = timed(verifying).await?;
-        let committed = self.out.push(&outcome.committed(&proposal));
+        let committed = self.run.out.push(&outcome.committed(&proposal));
         self.tally.round(proposal.tokens.len(), outcome, committed, verify_span, None, hit);
         // A generation that just ended leaves the speculation to `generate_ssd`'s `finish`.
-        if !self.out.done() {
+        if !self.run.out.done() {
             self.speculated(verify_span).await?;
         }
         Ok(outcome)
