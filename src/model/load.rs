@@ -11,7 +11,7 @@ use crate::model::arch::llama3_factors;
 use crate::model::gguf::Gguf;
 use crate::storage::quant::DType;
 use crate::model::tokenizer::Tokenizer;
-use crate::model::weights::{LayerWeights, ModelWeights};
+use crate::model::weights::{LayerWeights, LongRope, ModelWeights};
 use crate::storage::{Bytes, Storage, Weight};
 
 /// Everything needed to run and talk to a model.
@@ -138,7 +138,7 @@ fn assemble(config: ModelConfig, tensors: Tensors, names: &dyn Fn(&str, Option<u
     }
     let norm = add_offset(t.get("norm", None, 1, d)?, norm_offset);
     let output = if c.tied_embeddings { embed.clone() } else { t.get("output", None, c.vocab_size, d)? };
-    Ok(ModelWeights { config, embed, layers, norm, output, head_tokens: None, rope_factors: None })
+    Ok(ModelWeights { config, embed, layers, norm, output, head_tokens: None, rope_factors: None, long_rope: None })
 }
 
 /// RoPE factors read from a file: one per rotated pair, each positive and finite.
@@ -258,7 +258,7 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
         tied_embeddings: !tensors.contains_key("output.weight"),
         rotary_dim: u("rope.dimension_count").unwrap_or(head_dim),
         rope_freq_scale: if linear_scaling { 1.0 / f("rope.scaling.factor", 1.0) } else { 1.0 },
-        rope_attn_factor: 1.0,
+        rope_attn_factor: f("rope.scaling.attn_factor", 1.0),
         sliding_window: match family.windows {
             Windows::Never => None,
             _ => u("attention.sliding_window").ok(),
@@ -267,9 +267,18 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
     };
     check_tokenizer(&tokenizer, &config)?;
     let chat_template = g.get_str("tokenizer.chat_template").map(str::to_owned);
-    let factors = tensors.remove("rope_freqs.weight");
+    // Llama 3's factors, or long RoPE's pair of short and long factors.
+    let factors = tensors.remove("rope_freqs.weight").or_else(|| tensors.remove("rope_factors_short.weight"));
+    let long = tensors.remove("rope_factors_long.weight");
     let mut weights = assemble(config, tensors, &gguf_name, 0.0)?;
-    weights.rope_factors = factors.map(|w| rope_factors(&w, &weights.config, "rope_freqs.weight")).transpose()?;
+    let c = &weights.config;
+    weights.rope_factors = factors.map(|w| rope_factors(&w, c, "RoPE factors")).transpose()?;
+    weights.long_rope = long
+        .map(|w| {
+            let from_context = u("rope.scaling.original_context_length")?;
+            Ok::<_, Error>(LongRope { factors: rope_factors(&w, c, "rope_factors_long.weight")?, from_context })
+        })
+        .transpose()?;
     if family.gguf_interleaved_qk {
         let (q_heads, kv_heads) = (weights.config.n_heads, weights.config.n_kv_heads);
         for l in &mut weights.layers {
@@ -302,17 +311,52 @@ struct HfConfig {
     sliding_window: Option<usize>,
     /// Gemma: attention scores are scaled by its inverse square root.
     query_pre_attn_scalar: Option<f32>,
-    rope_scaling: Option<RopeScaling>,
+    rope_scaling: Option<serde_json::Value>,
+    original_max_position_embeddings: Option<usize>,
 }
 
 /// config.json's `rope_scaling`, of the types this engine applies.
-#[derive(Deserialize)]
-#[serde(tag = "rope_type", rename_all = "lowercase")]
 enum RopeScaling {
+    None,
     Linear { factor: f32 },
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
-    Default,
+    Llama3 { factor: f64, low: f64, high: f64, original_context: f64 },
+    /// Phi-3's long RoPE: the long factors apply beyond `original_context`.
+    Long { short: Vec<f32>, long: Vec<f32>, original_context: usize },
 }
+
+impl RopeScaling {
+    /// The `rope_scaling` object (its type under `rope_type`, or `type` in older files) of a
+    /// config whose `original_max_position_embeddings` is `original`.
+    fn parse(v: Option<&serde_json::Value>, original: Option<usize>) -> Result<Self> {
+        let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(RopeScaling::None) };
+        let bad = |what: &str| Error::invalid_model(format!("config.json: rope_scaling: {what}"));
+        let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+        let num = |k: &str| v.get(k).and_then(|x| x.as_f64()).filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| bad(&format!("{k} must be a positive number")));
+        let floats = |k: &str| -> Result<Vec<f32>> {
+            v.get(k)
+                .and_then(|x| x.as_array())
+                .and_then(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect())
+                .ok_or_else(|| bad(&format!("{k} must be a list of numbers")))
+        };
+        Ok(match kind {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear { factor: num("factor")? as f32 },
+            "llama3" => RopeScaling::Llama3 {
+                factor: num("factor")?,
+                low: num("low_freq_factor")?,
+                high: num("high_freq_factor")?,
+                original_context: num("original_max_position_embeddings")?,
+            },
+            "longrope" | "su" => RopeScaling::Long {
+                short: floats("short_factor")?,
+                long: floats("long_factor")?,
+                original_context: original.ok_or_else(|| bad("long RoPE needs original_max_position_embeddings"))?,
+            },
+            other => return Err(Error::Unsupported(format!("RoPE scaling type '{other}' (supported: linear, llama3, longrope)"))),
+        })
+    }
+}
+
 fn default_eps() -> f32 {
     1e-6
 }
@@ -441,6 +485,8 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
     let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads.max(1));
     let family = arch.family();
     let rotary_dim = cfg.partial_rotary_factor.map_or(head_dim, |p| (head_dim as f32 * p) as usize);
+    let scaling = RopeScaling::parse(cfg.rope_scaling.as_ref(), cfg.original_max_position_embeddings)?;
+    let context_length = cfg.max_position_embeddings.unwrap_or(2048);
     let config = ModelConfig {
         arch,
         n_layers: cfg.num_hidden_layers,
@@ -452,32 +498,39 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
         vocab_size: cfg.vocab_size,
         rope_theta: cfg.rope_theta,
         rms_eps: cfg.rms_norm_eps,
-        context_length: cfg.max_position_embeddings.unwrap_or(2048),
+        context_length,
         tied_embeddings: cfg.tie_word_embeddings || !tensors.contains_key("lm_head.weight"),
         rotary_dim,
-        rope_freq_scale: match cfg.rope_scaling {
-            Some(RopeScaling::Linear { factor }) => 1.0 / factor,
+        rope_freq_scale: match scaling {
+            RopeScaling::Linear { factor } => 1.0 / factor,
             _ => 1.0,
         },
-        rope_attn_factor: 1.0,
+        rope_attn_factor: match scaling {
+            // As Phi-3's reference implementation scales its long-RoPE attention.
+            RopeScaling::Long { original_context, .. } if context_length > original_context => {
+                let scale = context_length as f64 / original_context as f64;
+                (1.0 + scale.ln() / (original_context as f64).ln()).sqrt() as f32
+            }
+            _ => 1.0,
+        },
         sliding_window: cfg.sliding_window.filter(|_| family.windows != Windows::Never),
         attn_scale: 1.0 / cfg.query_pre_attn_scalar.unwrap_or(head_dim as f32).sqrt(),
     };
     config.validate()?;
     check_tokenizer(&tokenizer, &config)?;
     let mut weights = assemble(config, tensors, &hf_name(family.post_norms), family.hf_norm_offset)?;
-    if let Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) =
-        cfg.rope_scaling
-    {
-        let c = &weights.config;
-        weights.rope_factors = Some(llama3_factors(
-            c.rotary_dim,
-            c.rope_theta,
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        ));
+    let c = &weights.config;
+    match scaling {
+        RopeScaling::Llama3 { factor, low, high, original_context } => {
+            weights.rope_factors = Some(llama3_factors(c.rotary_dim, c.rope_theta, factor, low, high, original_context));
+        }
+        RopeScaling::Long { short, long, original_context } => {
+            let check = |v: Vec<f32>, name: &str| rope_factors(&Weight::from_f32(1, v.len(), &v), c, name);
+            weights.rope_factors = Some(check(short, "rope_scaling.short_factor")?);
+            weights.long_rope =
+                Some(LongRope { factors: check(long, "rope_scaling.long_factor")?, from_context: original_context });
+        }
+        RopeScaling::None | RopeScaling::Linear { .. } => {}
     }
     Ok(ModelFile { weights, tokenizer, chat_template })
 }

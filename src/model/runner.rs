@@ -175,7 +175,8 @@ pub struct Runner<B: Backend> {
 }
 
 impl<B: Backend> Runner<B> {
-    pub fn new(model: Transformer<B>, capacity: usize) -> Result<Self> {
+    pub fn new(mut model: Transformer<B>, capacity: usize) -> Result<Self> {
+        model.use_context(capacity);
         let store = model.new_cache(capacity)?;
         Ok(Runner { model, cache: KvCache::new(store, capacity) })
     }

@@ -4,7 +4,7 @@
 use crate::backend::{Backend, Batch, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::weights::ModelWeights;
+use crate::model::weights::{LongRope, ModelWeights};
 
 struct Layer<W> {
     attn_norm: W,
@@ -33,7 +33,10 @@ pub struct Transformer<B: Backend> {
     norm: B::Weight,
     output: B::Weight,
     head_tokens: Option<Vec<u32>>,
+    /// The RoPE factors in use, chosen for the context by [`Self::use_context`].
     rope_factors: Option<Vec<f32>>,
+    short_rope: Option<Vec<f32>>,
+    long_rope: Option<LongRope>,
 }
 
 impl<B: Backend> Transformer<B> {
@@ -72,9 +75,21 @@ impl<B: Backend> Transformer<B> {
             output: load(&w.output)?,
             head_tokens: w.head_tokens.clone(),
             rope_factors: w.rope_factors.clone(),
+            short_rope: w.rope_factors.clone(),
+            long_rope: w.long_rope.clone(),
             layers,
             backend,
         })
+    }
+
+    /// Run with a context of `capacity` positions: a model with long RoPE takes its long factors
+    /// when the context exceeds the one its short factors were trained for (the whole generation
+    /// rotates alike, so a cache never mixes the two).
+    pub fn use_context(&mut self, capacity: usize) {
+        self.rope_factors = match &self.long_rope {
+            Some(long) if capacity > long.from_context => Some(long.factors.clone()),
+            _ => self.short_rope.clone(),
+        };
     }
 
     pub fn new_cache(&self, capacity: usize) -> Result<B::Cache> {

@@ -41,4 +41,13 @@ pub struct ModelWeights {
     /// RoPE's per-frequency divisors (Llama 3's scaling, Phi-3's long RoPE), one per rotated
     /// pair; `None`: all 1.
     pub rope_factors: Option<Vec<f32>>,
+    /// Long RoPE (Phi-3): the factors that replace [`Self::rope_factors`] when the model runs
+    /// with a context longer than `from_context` positions.
+    pub long_rope: Option<LongRope>,
+}
+
+#[derive(Clone, Debug)]
+pub struct LongRope {
+    pub factors: Vec<f32>,
+    pub from_context: usize,
 }

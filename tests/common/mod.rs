@@ -60,7 +60,7 @@ pub fn tiny_weights(seed: u64, vocab: usize, n_layers: usize, scale: f32) -> Mod
         })
         .collect();
     let embed = random(vocab, d, scale);
-    ModelWeights { config, output: embed.clone(), embed, layers, norm: ones(d), head_tokens: None, rope_factors: None }
+    ModelWeights { config, output: embed.clone(), embed, layers, norm: ones(d), head_tokens: None, rope_factors: None, long_rope: None }
 }
 
 /// A single-threaded CPU runner over `weights` with `capacity` KV slots.

@@ -5,6 +5,9 @@ pub enum Val {
     F32(f32),
     Str(String),
     Strs(Vec<String>),
+    Bool(bool),
+    /// An array of i32 (how llama.cpp's converter writes `tokenizer.ggml.token_type`).
+    I32s(Vec<i32>),
 }
 
 #[derive(Default)]
@@ -54,6 +57,16 @@ impl GgufWriter {
                     out.extend(8u32.to_le_bytes());
                     out.extend((a.len() as u64).to_le_bytes());
                     a.iter().for_each(|s| put_str(&mut out, s));
+                }
+                Val::Bool(b) => {
+                    out.extend(7u32.to_le_bytes());
+                    out.push(*b as u8);
+                }
+                Val::I32s(a) => {
+                    out.extend(9u32.to_le_bytes());
+                    out.extend(5u32.to_le_bytes());
+                    out.extend((a.len() as u64).to_le_bytes());
+                    a.iter().for_each(|x| out.extend(x.to_le_bytes()));
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! Shared by the integration tests: model files and the golden reference outputs.
 #![allow(dead_code)]
 
+pub mod families;
 pub mod gguf_writer;
 pub mod rand;
 pub mod reference;
@@ -15,6 +16,7 @@ use saguaro::model::weights::ModelWeights;
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1";
 pub const QWEN_05B: &str = "qwen2.5-coder-0.5b-instruct";
 pub const QWEN_15B: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
+pub const GEMMA3: &str = "gemma-3-270m-q4_k_m";
 
 /// Whether a GPU test may run. Without an adapter it skips, saying so, unless
 /// `SAGUARO_REQUIRE_GPU=1` (set in CI, where lavapipe must be there): then a missing adapter is a
