@@ -499,7 +499,7 @@ impl Engine {
     pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         let tok = &self.tokenizer;
         match prompt {
-            Prompt::Text(text) => tok.encode(text),
+            Prompt::Text(text) => tok.encode_prompt(text),
             Prompt::Tokens(ids) => Ok(ids.clone()),
             Prompt::Chat(messages) => {
                 let template = self
@@ -507,7 +507,7 @@ impl Engine {
                     .as_deref()
                     .ok_or_else(|| Error::InvalidArgument("chat: the model has no chat template".into()))?;
                 let text = apply_chat_template(template, messages, tok.bos_token().as_deref(), tok.eos_token().as_deref())?;
-                tok.encode(&text)
+                tok.encode_prompt(&text)
             }
         }
     }

@@ -70,6 +70,9 @@ fn unknown_architecture_is_rejected() {
     let b = GgufWriter::default().kv("general.architecture", Val::Str("mamba".into())).build();
     let msg = load_err(b);
     assert!(msg.contains("architecture 'mamba'"), "{msg}");
+    for family in ["llama", "qwen2", "qwen3", "gemma3", "phi3"] {
+        assert!(msg.contains(family), "the supported architectures are listed: {msg}");
+    }
 }
 
 #[test]
@@ -169,8 +172,8 @@ const FFN: u64 = 16;
 const KV_DIM: u64 = 4;
 const VOCAB: u64 = 4;
 
-/// A complete one-layer llama (2 heads of 4, one kv head) with a 4-token vocabulary, all F32;
-/// `dims` may override a tensor's dimensions and `tokens` the vocabulary.
+/// A complete one-layer llama (2 heads of 4, one kv head) with a 4-token vocabulary, all F32 and
+/// zero; `dims` may override a tensor's dimensions or add a tensor, and `tokens` the vocabulary.
 fn full_llama(dims: &[(&str, &[u64])], tokens: &[&str], extra: Vec<(&str, Val)>) -> Vec<u8> {
     let mut w = GgufWriter::default()
         .kv("general.architecture", Val::Str("llama".into()))
@@ -198,10 +201,13 @@ fn full_llama(dims: &[(&str, &[u64])], tokens: &[&str], extra: Vec<(&str, Val)>)
         ("blk.0.ffn_up.weight", vec![D, FFN]),
         ("blk.0.ffn_down.weight", vec![FFN, D]),
     ];
-    for (name, default) in shapes {
+    for (name, default) in shapes.clone() {
         let d = dims.iter().find(|(n, _)| *n == name).map_or(default, |(_, d)| d.to_vec());
         let n: u64 = d.iter().product();
         w = w.tensor(name, &d, 0, f32_bytes(n as usize));
+    }
+    for (name, d) in dims.iter().filter(|(n, _)| !shapes.iter().any(|(s, _)| s == n)) {
+        w = w.tensor(name, d, 0, f32_bytes(d.iter().product::<u64>() as usize));
     }
     w.build()
 }
@@ -222,6 +228,20 @@ fn a_tensor_of_the_wrong_shape_is_refused_by_name() {
     assert!(msg.contains("tensor blk.0.attn_k.weight is 1x8, expected 4x8"), "{msg}");
     let msg = load_err(full_llama(&[("blk.0.attn_q.weight", &[D, 1])], &TOKENS, vec![]));
     assert!(msg.contains("tensor blk.0.attn_q.weight is 1x8, expected 8x8"), "{msg}");
+}
+
+#[test]
+fn bad_rope_shapes_and_factors_are_refused_by_name() {
+    let dim = |n: u32| vec![("llama.rope.dimension_count", Val::U32(n))];
+    let msg = load_err(full_llama(&[], &TOKENS, dim(3)));
+    assert!(msg.contains("RoPE dimension 3 must be even and within the head's 4"), "{msg}");
+    let msg = load_err(full_llama(&[], &TOKENS, dim(6)));
+    assert!(msg.contains("RoPE dimension 6 must be even and within the head's 4"), "{msg}");
+    // Head dimension 4: two rotated pairs, so two factors, each positive (these are zeros).
+    for n in [3, 2] {
+        let msg = load_err(full_llama(&[("rope_freqs.weight", &[n])], &TOKENS, vec![]));
+        assert!(msg.contains("RoPE factors must hold 2 positive factors (one per rotated pair)"), "{msg}");
+    }
 }
 
 #[test]

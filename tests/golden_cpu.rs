@@ -1,4 +1,5 @@
-//! Model parity on the CPU backend against the HF transformers fp32 reference (tests/golden):
+//! Model parity on the CPU backend against the references of tests/golden (HF transformers fp32 for
+//! SmolLM2 and Qwen2.5; for Gemma 3, a float64 forward on its dequantized weights and llama.cpp):
 //! tokenization, greedy generation (near-tie rule) and teacher-forced top-5 logits.
 
 mod util;
@@ -26,7 +27,9 @@ fn runner(m: &ModelFile, capacity: usize) -> Box<dyn Lm> {
     Box::new(Runner::new(Transformer::new(CpuBackend::new(0).unwrap(), &m.weights).unwrap(), capacity).unwrap())
 }
 
-fn check_model(name: &str, golden_files: &[String]) {
+/// Check `name` against `golden_files`: tokenization, teacher-forced top-5 logits within `tol`,
+/// and, if `greedy`, greedy generation.
+fn check_model(name: &str, golden_files: &[String], tol: f32, greedy: bool) {
     let m = model(name);
     for file in golden_files {
         let g = golden(file);
@@ -35,7 +38,7 @@ fn check_model(name: &str, golden_files: &[String]) {
         }
         for (i, case) in g.cases.iter().enumerate() {
             let what = format!("{file} case {i}");
-            assert_eq!(m.tokenizer.encode(&case.prompt).unwrap(), case.prompt_ids, "{what}: prompt ids");
+            assert_eq!(m.tokenizer.encode_prompt(&case.prompt).unwrap(), case.prompt_ids, "{what}: prompt ids");
             let n = case.greedy_ids.len();
             let mut lm = runner(&m, case.prompt_ids.len() + n + 1);
             // Teacher forcing: row p of the full sequence predicts token p + 1. Once in one batch
@@ -46,7 +49,7 @@ fn check_model(name: &str, golden_files: &[String]) {
             let rows: Vec<u32> = (first as u32..(first + case.top5.len()) as u32).collect();
             let vocab = m.weights.config.vocab_size;
             let logits = block_on(lm.logits(&Batch::causal(&seq, 0), &rows)).unwrap();
-            check_top5(case, &logits, vocab, TOP5_TOL, &format!("{what}, one batch"));
+            check_top5(case, &logits, vocab, tol, &format!("{what}, one batch"));
             lm.truncate(0);
             if first > 0 {
                 block_on(append(lm.as_mut(), &seq[..first], Want::LastLogits)).unwrap();
@@ -55,8 +58,11 @@ fn check_model(name: &str, golden_files: &[String]) {
             for chunk in seq[first..first + case.top5.len()].chunks(VERIFY_ROWS) {
                 logits.extend(block_on(append(lm.as_mut(), chunk, Want::AllLogits)).unwrap().logits());
             }
-            check_top5(case, &logits, vocab, TOP5_TOL, &format!("{what}, {VERIFY_ROWS}-token batches"));
+            check_top5(case, &logits, vocab, tol, &format!("{what}, {VERIFY_ROWS}-token batches"));
             lm.truncate(0);
+            if !greedy {
+                continue;
+            }
             let req = Request {
                 prompt: case.prompt_ids.clone(),
                 max_tokens: n,
@@ -70,17 +76,30 @@ fn check_model(name: &str, golden_files: &[String]) {
     }
 }
 
+/// llama.cpp rounds the activations of its quantized matmuls to 8 bits (Q8_K/Q8_0 blocks) and
+/// reads GELU from an f16 table: on Gemma 3 270M its top-5 logits are up to 1.33 from the float64
+/// reference (scripts/reference/f64-reference.py), which this engine meets within 0.007. Its
+/// greedy continuations part from the float64 ones where the top two are within 0.1, so only its
+/// teacher-forced logits are compared.
+const LLAMA_CPP_TOL: f32 = 1.5;
+
 #[test]
 fn smollm2_matches_reference() {
-    check_model(SMOLLM2, &[SMOLLM2.into(), format!("long-{SMOLLM2}")]);
+    check_model(SMOLLM2, &[SMOLLM2.into(), format!("long-{SMOLLM2}")], TOP5_TOL, true);
 }
 
 #[test]
 fn qwen_05b_matches_reference() {
-    check_model(QWEN_05B, &[QWEN_05B.into(), format!("long-{QWEN_05B}")]);
+    check_model(QWEN_05B, &[QWEN_05B.into(), format!("long-{QWEN_05B}")], TOP5_TOL, true);
 }
 
 #[test]
 fn qwen_15b_matches_reference() {
-    check_model(QWEN_15B, &[QWEN_15B.into(), format!("long-{QWEN_15B}")]);
+    check_model(QWEN_15B, &[QWEN_15B.into(), format!("long-{QWEN_15B}")], TOP5_TOL, true);
+}
+
+#[test]
+fn gemma3_270m_matches_reference() {
+    check_model(GEMMA3, &[format!("f64-{GEMMA3}")], TOP5_TOL, true);
+    check_model(GEMMA3, &[GEMMA3.into()], LLAMA_CPP_TOL, false);
 }

@@ -2,6 +2,8 @@
 # Makes the llama.cpp references of the tests (CI never runs this; the outputs are committed):
 #   tests/golden/gemma-3-270m-q4_k_m.json   the real Gemma 3 270M (models/, scripts/fetch-models.sh)
 #   tests/golden/families/<family>.json     the random-weight models of tests/util/families.rs
+#   tests/golden/f64-gemma-3-270m-q4_k_m.json  not llama.cpp: the exact float64 reference of the
+#                                           same model (f64-reference.py; needs numpy and gguf-py)
 #
 # usage: LLAMA_CPP=/path/to/llama.cpp scripts/reference/make-references.sh
 #
@@ -66,8 +68,11 @@ for f in qwen3 llama3 phi3 gemma3; do
         > "$root/tests/golden/families/$f.json"
 done
 
-# An independent float64 forward pass of the family models against the references.
+# The exact float64 reference of the real Gemma 3 270M (about 5 minutes), then an independent
+# float64 forward pass of the family models against the references.
 if [ -d "$LLAMA_CPP/gguf-py" ] && python3 -c "import numpy" 2>/dev/null; then
+    (cd "$root" && PYTHONPATH="$LLAMA_CPP/gguf-py" python3 scripts/reference/f64-reference.py \
+        models/gemma-3-270m-q4_k_m.gguf tests/golden/gemma-3-270m-q4_k_m.json tests/golden/f64-gemma-3-270m-q4_k_m.json)
     PYTHONPATH="$LLAMA_CPP/gguf-py" python3 "$here/check-families.py" "$work/families" "$root/tests/golden/families"
 fi
 echo "done; the generated files are in $work"

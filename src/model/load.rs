@@ -10,7 +10,7 @@ use crate::model::config::{Arch, ModelConfig, Windows};
 use crate::model::arch::llama3_factors;
 use crate::model::gguf::Gguf;
 use crate::storage::quant::DType;
-use crate::model::tokenizer::Tokenizer;
+use crate::model::tokenizer::{chat_template, Tokenizer};
 use crate::model::weights::{LayerWeights, LongRope, ModelWeights};
 use crate::storage::{Bytes, Storage, Weight};
 
@@ -266,7 +266,7 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
     };
     check_tokenizer(&tokenizer, &config)?;
-    let chat_template = g.get_str("tokenizer.chat_template").map(str::to_owned);
+    let chat_template = chat_template(&g).map(str::to_owned);
     // Llama 3's factors, or long RoPE's pair of short and long factors.
     let factors = tensors.remove("rope_freqs.weight").or_else(|| tensors.remove("rope_factors_short.weight"));
     let long = tensors.remove("rope_factors_long.weight");
