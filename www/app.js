@@ -8,6 +8,7 @@ const $ = (id) => document.getElementById(id);
 const PAIRS = {
   qwen: { target: '/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf', draft: '/models/qwen2.5-coder-0.5b-instruct.gguf' },
   smollm: { target: '/models/smollm2-135m-instruct-q4_1.gguf', draft: '/models/smollm2-135m-instruct-q4_1.gguf' },
+  gemma: { target: '/models/gemma-3-270m-q4_k_m.gguf', draft: '/models/gemma-3-270m-q4_k_m.gguf' },
 };
 const EXAMPLES = [
   ['quicksort', 'def quicksort(arr):\n    """Sort a list with quicksort."""\n', false],

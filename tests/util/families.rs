@@ -251,28 +251,6 @@ fn linear(rng: &mut TestRng, n_in: usize, n_out: usize, gain: f32) -> Vec<f32> {
     uniform(rng, n_in * n_out, gain * (3.0 / n_in as f32).sqrt())
 }
 
-/// The llama3 frequency factors of the `n_rot / 2` pairs: pair i's frequency is
-/// `base^(-2i/n_rot)`, and llama.cpp divides it by factor i.
-pub fn llama3_factors(base: f64, n_rot: usize) -> Vec<f32> {
-    let (factor, low, high, orig) = LLAMA3_ROPE;
-    let (low_wavelen, high_wavelen) = (orig / low, orig / high);
-    (0..n_rot / 2)
-        .map(|i| {
-            let freq = 1.0 / base.powf(2.0 * i as f64 / n_rot as f64);
-            let wavelen = 2.0 * std::f64::consts::PI / freq;
-            let f = if wavelen < high_wavelen {
-                1.0
-            } else if wavelen > low_wavelen {
-                factor
-            } else {
-                let smooth = (orig / wavelen - low) / (high - low);
-                1.0 / ((1.0 - smooth) / factor + smooth)
-            };
-            f as f32
-        })
-        .collect()
-}
-
 /// Phi-3's `rope.scaling.attn_factor`, as llama.cpp's converter computes it for long-rope models.
 pub fn phi3_attn_factor(s: &Shape) -> f32 {
     let scale = s.n_ctx_train as f64 / PHI3_ORIG_CTX as f64;
@@ -365,7 +343,10 @@ pub fn family_gguf(name: &str) -> Vec<u8> {
                 w,
                 "rope_freqs.weight",
                 &[s.n_rot / 2],
-                llama3_factors(s.rope_base as f64, s.n_rot),
+                {
+                    let (factor, low, high, orig) = LLAMA3_ROPE;
+                    saguaro::model::arch::llama3_factors(s.n_rot, s.rope_base as f32, factor, low, high, orig)
+                },
             )
         }
         "phi3" => {

@@ -96,6 +96,19 @@ try {
   check(!again.error && greedyMismatch(again.results.ar.tokens, g) === null && again.results.ar.tokens.length === n, 'after a stop, AR gives the golden tokens');
   check(JSON.stringify(again.results.ssd.tokens) === JSON.stringify(again.results.ar.tokens), 'after a stop, SSD equals AR');
   console.log(`metrics: cpu-target AR ${again.results.ar.stats.tokensPerS.toFixed(2)} tok/s, SSD ${again.results.ssd.stats.tokensPerS.toFixed(2)} tok/s`);
+  await cpu.close();
+
+  // 3. Gemma 3 270M (SentencePiece vocabulary with BOS, sliding-window layers, GeGLU) on the CPU
+  //    in the browser: its prompt tokenized there gives the float64 reference's tokens.
+  const gg = golden('f64-gemma-3-270m-q4_k_m', 1);
+  const gn = 4;
+  const gemma = await open({ pair: 'gemma', prompt: gg.prompt, backend: 'cpu', draftBackend: 'cpu', maxTokens: String(gn) });
+  const gemmaRace = await race(gemma);
+  check(!gemmaRace.error, `Gemma race ran (${JSON.stringify(gemmaRace.error)})`);
+  const gar = gemmaRace.results.ar;
+  check(gar.tokens.length === gn && greedyMismatch(gar.tokens, gg) === null,
+    `Gemma 3 AR in the browser gives the reference tokens (${greedyMismatch(gar.tokens, gg)}): ${JSON.stringify(gar.text)}`);
+  check(JSON.stringify(gemmaRace.results.ssd.tokens) === JSON.stringify(gar.tokens), 'Gemma 3 SSD equals AR');
   console.log('e2e: all passed');
 } finally {
   await browser.close();
