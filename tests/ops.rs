@@ -94,6 +94,7 @@ suite!(
     attention_causal,
     attention_tree,
     attention_windowed_and_scaled,
+    top_k,
     bad_shapes_are_errors,
 );
 
@@ -450,6 +451,34 @@ fn attention_windowed_and_scaled<B: Backend>(b: &B, _: &Tol) {
         a.run(&Batch::causal(&[0; 5], 151), &format!("verify 5 at 151, window {window}"));
     }
     tree_step(b, AttnShape { window: Some(8), ..AttnShape::new(4, 2, 64) }, 66);
+}
+
+/// The largest entries of rows as long as a vocabulary (several passes of the GPU's chunks), with
+/// ties, NaN, -0 and -inf among them, against the host's selection: the same columns in the same
+/// order, the same values, the value at an asked-for column; the log-sum-exp against f64.
+fn top_k<B: Backend>(b: &B, _: &Tol) {
+    let mut rng = TestRng::new(70);
+    for (rows, cols, k, temperature) in [(1, 7, 3, 1.0f32), (3, 5000, 66, 0.7), (2, 151_936, 512, 1.0), (5, 1024, 1, 1.3)] {
+        // Values on a coarse grid, so that many tie.
+        let mut x: Vec<f32> = (0..rows * cols).map(|_| (rng.uniform() * 64.0).round() / 4.0).collect();
+        x[0] = f32::NAN;
+        x[1] = -0.0;
+        x[2] = f32::NEG_INFINITY;
+        let at: Vec<u32> = (0..rows).map(|r| if r == 1 { NO_SLOT } else { rng.below(cols as u32) }).collect();
+        let got = block_on(b.top_k(&up(b, rows, cols, &x), k, temperature, &at)).unwrap();
+        let want = saguaro::backend::TopK::of(&x, cols, k, temperature, &at);
+        let what = format!("{}: top_k {rows}x{cols} k={k}", b.name());
+        assert_eq!(got.ids, want.ids, "{what}: columns");
+        assert_eq!(got.values, want.values, "{what}: values");
+        assert_eq!(got.at, want.at, "{what}: the value at the asked-for column");
+        for (g, w) in got.lse.iter().zip(&want.lse) {
+            assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{what}: log-sum-exp {g}, reference {w}");
+        }
+    }
+    for (k, temperature, at) in [(0, 1.0, vec![0]), (513, 1.0, vec![0]), (3, 0.0, vec![0]), (3, 1.0, vec![])] {
+        let r = block_on(b.top_k(&up(b, 1, 8, &[0.0; 8]), k, temperature, &at));
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{}: top_k {k} at {temperature}: {:?}", b.name(), r.err());
+    }
 }
 
 fn bad_shapes_are_errors<B: Backend>(b: &B, _: &Tol) {

@@ -161,6 +161,67 @@ pub(crate) fn rope_table(positions: &[u32], rope: &Rope) -> Vec<(f32, f32)> {
         .collect()
 }
 
+/// The largest entries of each row of a tensor, read back in their place (see [`Backend::top_k`]):
+/// what choosing among a distribution's likeliest tokens needs, without reading whole rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopK {
+    pub k: usize,
+    /// `[rows * k]`: each row's k largest columns, largest first, the lower column first on ties
+    /// (NaN last).
+    pub ids: Vec<u32>,
+    pub values: Vec<f32>,
+    /// Each row's `ln Σ exp(x / temperature)` over its values that are not NaN, for
+    /// probabilities `exp(x / temperature - lse)`.
+    pub lse: Vec<f32>,
+    /// Each row's value at the column asked for; -inf where none was ([`NO_SLOT`]).
+    pub at: Vec<f32>,
+}
+
+impl TopK {
+    pub fn rows(&self) -> usize {
+        self.lse.len()
+    }
+
+    /// Row `r`'s (ids, values).
+    pub fn row(&self, r: usize) -> (&[u32], &[f32]) {
+        (&self.ids[r * self.k..(r + 1) * self.k], &self.values[r * self.k..(r + 1) * self.k])
+    }
+
+    /// [`TopK`] of `rows` rows of `cols` values, computed on the host.
+    pub fn of(x: &[f32], cols: usize, k: usize, temperature: f32, at: &[u32]) -> TopK {
+        let rows: Vec<&[f32]> = x.chunks_exact(cols).collect();
+        let k = k.min(cols);
+        let ids: Vec<u32> = rows.iter().flat_map(|row| crate::sampling::top_n(row, k, None)).collect();
+        let values = ids.iter().enumerate().map(|(i, &id)| rows[i / k.max(1)][id as usize]).collect();
+        let lse = rows
+            .iter()
+            .map(|row| {
+                let t = temperature as f64;
+                let numbers = || row.iter().filter(|v| !v.is_nan()).map(|&v| v as f64 / t);
+                let max = numbers().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = numbers().map(|v| (v - max).exp()).sum();
+                (max + sum.ln()) as f32
+            })
+            .collect();
+        let at = rows.iter().zip(at).map(|(row, &c)| row.get(c as usize).copied().unwrap_or(f32::NEG_INFINITY)).collect();
+        TopK { k, ids, values, lse, at }
+    }
+}
+
+/// The most entries per row [`Backend::top_k`] finds on every backend.
+pub const MAX_TOP_K: usize = 512;
+
+/// [`Backend::top_k`]'s arguments for a tensor of `rows` rows.
+pub(crate) fn check_top_k(rows: usize, k: usize, temperature: f32, at: &[u32]) -> Result<()> {
+    if k == 0 || k > MAX_TOP_K || at.len() != rows || !(temperature.is_finite() && temperature > 0.0) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "top_k of {k} at temperature {temperature} with {} columns for {rows} rows",
+            at.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Shapes the attention op needs.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
@@ -230,6 +291,10 @@ pub trait Backend {
     fn read(&self, x: &Self::Tensor) -> impl Future<Output = Result<Vec<f32>>>;
     /// The index of the largest value of each row (first on ties).
     fn argmax(&self, x: &Self::Tensor) -> impl Future<Output = Result<Vec<u32>>>;
+    /// The `k` (at most the row length) largest values of each row with their columns, each
+    /// row's log-sum-exp at `temperature`, and its value at column `at[row]`: only these leave
+    /// the backend.
+    fn top_k(&self, x: &Self::Tensor, k: usize, temperature: f32, at: &[u32]) -> impl Future<Output = Result<TopK>>;
     /// Resolves once every op issued so far has finished (for timing queued ops).
     fn sync(&self) -> impl Future<Output = Result<()>>;
 }

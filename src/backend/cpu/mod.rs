@@ -8,7 +8,7 @@ mod quantize;
 
 use std::future::{ready, Future};
 
-use crate::backend::{rope_table, Activation, AttnShape, Backend, Batch, Rope};
+use crate::backend::{check_top_k, rope_table, Activation, AttnShape, Backend, Batch, Rope, TopK};
 use crate::error::{Error, Result};
 use crate::storage::Weight;
 use pool::{Pool, SharedMut};
@@ -276,6 +276,10 @@ impl Backend for CpuBackend {
 
     fn argmax(&self, x: &Tensor) -> impl Future<Output = Result<Vec<u32>>> {
         ready(Ok((0..x.rows).map(|r| crate::sampling::argmax(x.row(r))).collect()))
+    }
+
+    fn top_k(&self, x: &Tensor, k: usize, temperature: f32, at: &[u32]) -> impl Future<Output = Result<TopK>> {
+        ready(check_top_k(x.rows, k, temperature, at).map(|()| TopK::of(&x.data, x.cols, k, temperature, at)))
     }
 
     /// Every op has finished when it returns.

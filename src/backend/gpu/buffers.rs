@@ -117,6 +117,7 @@ pub(super) enum Meta {
     Rope,
     Mask,
     Rows,
+    Columns,
 }
 
 /// Small host data (token ids, RoPE tables, attention masks) uploaded once and reused while the

@@ -20,13 +20,14 @@ mod matmul;
 mod norm;
 mod pipelines;
 mod rope;
+mod topk;
 mod weights;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{Activation, AttnShape, Backend, Batch, Rope};
+use crate::backend::{Activation, AttnShape, Backend, Batch, Rope, TopK};
 use crate::error::{Error, Result};
 use crate::storage::Weight as HostWeight;
 
@@ -253,6 +254,10 @@ impl Backend for GpuBackend {
 
     fn argmax(&self, x: &Tensor) -> impl Future<Output = Result<Vec<u32>>> {
         self.argmax_rows(x)
+    }
+
+    fn top_k(&self, x: &Tensor, k: usize, temperature: f32, at: &[u32]) -> impl Future<Output = Result<TopK>> {
+        self.top_k_rows(x, k, temperature, at)
     }
 
     fn sync(&self) -> impl Future<Output = Result<()>> {

@@ -27,6 +27,7 @@ pub(super) const ATTENTION: Shader =
     Shader { name: "attention", source: include_str!("../../../shaders/attention.wgsl"), dequant: false };
 pub(super) const ELEMENTWISE: Shader =
     Shader { name: "elementwise", source: include_str!("../../../shaders/elementwise.wgsl"), dequant: false };
+pub(super) const TOPK: Shader = Shader { name: "topk", source: include_str!("../../../shaders/topk.wgsl"), dequant: false };
 pub(super) const ARGMAX: Shader =
     Shader { name: "argmax", source: include_str!("../../../shaders/argmax.wgsl"), dequant: false };
 
