@@ -120,3 +120,32 @@ fn greedy_sd_and_ssd_with_the_target_on_gpu_match_ar() {
     assert_eq!(ssd.tokens, want, "SSD with the target on {}", target.backend_name());
     assert!(sd.stats.acceptance_rate.unwrap() < 1.0, "the two-layer draft should be rejected sometimes: {:?}", sd.stats);
 }
+
+/// Both models on the GPU: the draft's glue pass finds its fan-out candidates there
+/// (`Backend::top_k`), and greedy SSD, sampled SSD and SD still give AR's tokens.
+#[test]
+fn ssd_with_the_draft_on_gpu_matches_ar() {
+    if !gpu_available() {
+        return;
+    }
+    let m = model(SMOLLM2);
+    let draft_weights = truncated(&m.weights);
+    const CAPACITY: usize = 128;
+    let mut target = Runner::new(Transformer::new(gpu(), &m.weights).unwrap(), CAPACITY).unwrap();
+    let worker_lm = Runner::new(Transformer::new(gpu(), &draft_weights).unwrap(), CAPACITY).unwrap();
+    let mut worker = DraftWorker::new(Box::new(worker_lm)).unwrap();
+    for (sampling, fanout) in [(SamplingParams::default(), "geometric"), (SamplingParams { temperature: 0.8, top_k: 20, seed: 5, ..SamplingParams::default() }, "top-p:0.8")] {
+        let req = Request { prompt: m.tokenizer.encode("def fibonacci(n):").unwrap(), max_tokens: 10, sampling, ..Request::default() };
+        let want = block_on(generate_ar(&mut target, &req, &mut |_| true)).unwrap().tokens;
+        let spec = SpecConfig::new(3, fanout.parse().unwrap(), 1.0, Backup::Jit);
+        let ssd = block_on(generate_ssd(&mut target, &mut worker, &req, &spec, &mut |_| true)).unwrap();
+        if req.sampling.is_greedy() {
+            assert_eq!(ssd.tokens, want, "greedy SSD with both models on {}", target.backend_name());
+        } else {
+            // Sampled: a seeded generation is a valid sample (its distribution is the lossless
+            // tests' subject); here the device-side fan-out must run and cache hits occur.
+            assert_eq!(ssd.tokens.len(), 10, "{:?}", ssd.stats);
+        }
+        assert!(ssd.stats.cache_hit_rate.is_some(), "{:?}", ssd.stats);
+    }
+}

@@ -182,6 +182,15 @@ impl TopK {
         self.lse.len()
     }
 
+    /// The same without its first `n` rows.
+    pub fn skip_rows(mut self, n: usize) -> TopK {
+        self.ids.drain(..n * self.k);
+        self.values.drain(..n * self.k);
+        self.lse.drain(..n);
+        self.at.drain(..n);
+        self
+    }
+
     /// Row `r`'s (ids, values).
     pub fn row(&self, r: usize) -> (&[u32], &[f32]) {
         (&self.ids[r * self.k..(r + 1) * self.k], &self.values[r * self.k..(r + 1) * self.k])

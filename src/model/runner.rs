@@ -3,7 +3,7 @@
 
 use futures::future::LocalBoxFuture;
 
-use crate::backend::{Backend, Batch};
+use crate::backend::{check_top_k, Backend, Batch, TopK, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::config::ModelConfig;
@@ -24,6 +24,22 @@ pub trait Lm {
     fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>>;
     /// Like [`Lm::logits`], but only the argmax of each row leaves the backend.
     fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>>;
+    /// Like [`Lm::logits`], but only each row's [`TopK`] (token ids; `at` are token ids too)
+    /// leaves the backend where it can find them there.
+    fn top_k<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        out_rows: &'a [u32],
+        k: usize,
+        temperature: f32,
+        at: &'a [u32],
+    ) -> LocalBoxFuture<'a, Result<TopK>> {
+        Box::pin(async move {
+            check_top_k(out_rows.len(), k, temperature, at)?;
+            let logits = self.logits(batch, out_rows).await?;
+            Ok(TopK::of(&logits, self.config().vocab_size, k, temperature, at))
+        })
+    }
     /// Mark `n` tokens just written by a causal batch at `len()` as committed.
     fn advance(&mut self, n: usize) -> Result<()>;
 }
@@ -61,6 +77,16 @@ impl<L: Lm + ?Sized> Lm for Box<L> {
     fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
         (**self).argmax(batch, out_rows)
     }
+    fn top_k<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        out_rows: &'a [u32],
+        k: usize,
+        temperature: f32,
+        at: &'a [u32],
+    ) -> LocalBoxFuture<'a, Result<TopK>> {
+        (**self).top_k(batch, out_rows, k, temperature, at)
+    }
 }
 
 /// What to read back from an append.
@@ -71,24 +97,33 @@ pub enum Want {
     AllLogits,
     /// Argmax of every row.
     AllArgmax,
+    /// Every row's [`TopK`], row r's value at token `at[r]` among them.
+    AllTopK { k: usize, temperature: f32, at: Vec<u32> },
 }
 
 pub enum Output {
     Logits(Vec<f32>),
     Argmax(Vec<u32>),
+    TopK(TopK),
 }
 
 impl Output {
     pub fn logits(self) -> Vec<f32> {
         match self {
             Output::Logits(l) => l,
-            Output::Argmax(_) => unreachable!("asked for logits"),
+            _ => unreachable!("asked for logits"),
         }
     }
     pub fn argmax(self) -> Vec<u32> {
         match self {
             Output::Argmax(a) => a,
-            Output::Logits(_) => unreachable!("asked for argmax"),
+            _ => unreachable!("asked for argmax"),
+        }
+    }
+    pub fn top_k(self) -> TopK {
+        match self {
+            Output::TopK(t) => t,
+            _ => unreachable!("asked for top-k"),
         }
     }
 }
@@ -108,6 +143,9 @@ pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want) -> Result<Outpu
         Want::LastLogits => Output::Logits(lm.logits(&batch, &[n - 1]).await?),
         Want::AllLogits => Output::Logits(lm.logits(&batch, &(0..n).collect::<Vec<_>>()).await?),
         Want::AllArgmax => Output::Argmax(lm.argmax(&batch, &(0..n).collect::<Vec<_>>()).await?),
+        Want::AllTopK { k, temperature, at } => {
+            Output::TopK(lm.top_k(&batch, &(0..n).collect::<Vec<_>>(), k, temperature, &at).await?)
+        }
     };
     lm.advance(tokens.len())?;
     Ok(out)
@@ -165,6 +203,22 @@ impl<L: Lm, H: FnMut(&Batch) -> Pause> Lm for Hooked<L, H> {
                 p.await;
             }
             self.inner.argmax(batch, out_rows).await
+        })
+    }
+    fn top_k<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        out_rows: &'a [u32],
+        k: usize,
+        temperature: f32,
+        at: &'a [u32],
+    ) -> LocalBoxFuture<'a, Result<TopK>> {
+        let pause = (self.hook)(batch);
+        Box::pin(async move {
+            if let Some(p) = pause {
+                p.await;
+            }
+            self.inner.top_k(batch, out_rows, k, temperature, at).await
         })
     }
 }
@@ -230,6 +284,29 @@ impl<B: Backend> Lm for Runner<B> {
                 Some(tokens) => best.into_iter().map(|i| tokens[i as usize]).collect(),
                 None => best,
             })
+        })
+    }
+    fn top_k<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        out_rows: &'a [u32],
+        k: usize,
+        temperature: f32,
+        at: &'a [u32],
+    ) -> LocalBoxFuture<'a, Result<TopK>> {
+        Box::pin(async move {
+            let Some(tokens) = self.model.head_tokens() else {
+                let t = self.run(batch, out_rows)?;
+                return self.model.backend.top_k(&t, k, temperature, at).await;
+            };
+            // A pruned head's rows are its tokens; every other token's logit is -inf.
+            let head_at: Vec<u32> =
+                at.iter().map(|&a| tokens.iter().position(|&t| t == a).map_or(NO_SLOT, |i| i as u32)).collect();
+            let t = self.run(batch, out_rows)?;
+            let mut top = self.model.backend.top_k(&t, k, temperature, &head_at).await?;
+            let tokens = self.model.head_tokens().expect("a pruned head");
+            top.ids.iter_mut().for_each(|i| *i = tokens[*i as usize]);
+            Ok(top)
         })
     }
 }

@@ -1,4 +1,5 @@
-//! Text to token ids and back. A GGUF file carries its vocabulary and merges as metadata; they are
+//! Text to token ids and back. A GGUF file carries its vocabulary as metadata, with the merges
+//! (byte-level BPE) or each token's score (SentencePiece, whose merges are derived from them); it is
 //! rebuilt into the tokenizer Hugging Face would load from the original `tokenizer.json`, so GGUF
 //! and HF-directory models share one implementation and agree with the reference token for token.
 

@@ -27,6 +27,7 @@
 
 use super::drafter::{Drafting, Proposal};
 use super::tree::Tree;
+use crate::backend::{TopK, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::model::runner::{append, Lm, Output, Want};
 use crate::runtime::Span;
@@ -141,16 +142,18 @@ impl<M: DraftLm> DraftKv<M> {
     }
 
     /// SSD's glue pass: a run of the unfed tokens and `tokens` = [rec, s1..sn], all written at
-    /// once. Returns the draft's logits after rec and after each s_i (n + 1 rows).
-    pub async fn glue(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// once. Returns the `k` likeliest tokens of the draft's distributions after rec and after
+    /// each s_i (n + 1 rows) at `temperature`, row i with the value of s_(i+1): the fan-out's
+    /// candidates, without the rows themselves leaving the device.
+    pub async fn glue(&mut self, tokens: &[u32], k: usize, temperature: f32) -> Result<TopK> {
         let Some((&rec, drafted)) = tokens.split_first() else {
             return Err(Error::InvalidArgument("a glue pass needs at least the token rec".into()));
         };
         self.open(rec, drafted);
-        let mut logits = self.feed(Want::AllLogits).await?.logits();
-        let vocab = self.lm.get().config().vocab_size;
-        logits.drain(..(self.run.fed - 1) * vocab);
-        Ok(logits)
+        let unfed = self.run.fed - 1;
+        let at = std::iter::repeat_n(NO_SLOT, unfed).chain(drafted.iter().copied()).chain([NO_SLOT]).collect();
+        let top = self.feed(Want::AllTopK { k, temperature, at }).await?.top_k();
+        Ok(top.skip_rows(unfed))
     }
 
     /// SSD's tree over the glue pass: `depth` batched steps, branch (k, t) continuing rec,
@@ -299,8 +302,9 @@ mod tests {
         draft(&mut kv, 3, 2);
         kv.discard();
         assert_eq!(kv.model().len(), 2, "a discarded run leaves the prefix as it was");
-        let glue = block_on(kv.glue(&[3, 4, 5])).unwrap();
-        assert_eq!(glue.len(), 3 * 16, "a row after rec and after each draft token");
+        let glue = block_on(kv.glue(&[3, 4, 5], 4, 1.0)).unwrap();
+        assert_eq!((glue.rows(), glue.k), (3, 4), "a row after rec and after each draft token");
+        assert_eq!(glue.row(0).0[0], 9, "the recorder predicts 9");
         let params = SamplingParams::default();
         let mut rng = Rng::new(0);
         let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None };

@@ -18,6 +18,7 @@ use web_time::Instant;
 
 use super::cache::SpecCache;
 use super::fanout::{self, FanoutPolicy};
+use crate::backend::TopK;
 use crate::decode::spec::{draft_rng, timed, Backup, DraftKv, DraftLm, Drafting, Outcome, Proposal, SpecConfig};
 use crate::decode::{context_of, CancelToken, Request};
 use crate::error::{Error, Result};
@@ -188,17 +189,16 @@ struct Session {
 struct Round {
     /// s1..sn of the round.
     drafted: Vec<u32>,
-    /// The glue pass's draft logits, n + 1 rows.
-    glue: Vec<f32>,
+    /// The glue pass's likeliest draft tokens, n + 1 rows.
+    glue: TopK,
     cache: SpecCache,
 }
 
 impl Round {
     /// The round ended with `o`: the fan-out learns from it, and the cache yields what it holds
     /// for it, cut to `depth` tokens.
-    fn settle(mut self, o: Outcome, depth: usize, policy: &mut FanoutPolicy, vocab: usize) -> Option<Proposal> {
-        let row = &self.glue[o.accepted * vocab..(o.accepted + 1) * vocab];
-        let rank = fanout::rank(row, o.bonus, self.drafted.get(o.accepted).copied());
+    fn settle(mut self, o: Outcome, depth: usize, policy: &mut FanoutPolicy) -> Option<Proposal> {
+        let rank = fanout::rank(&self.glue, o.accepted, o.bonus, self.drafted.get(o.accepted).copied());
         let cached = self.cache.take(o.accepted, o.bonus, depth);
         policy.observe(self.drafted.len(), o.accepted, cached.is_some(), rank);
         cached
@@ -291,8 +291,7 @@ impl<M: DraftLm> Speculator<M> {
             }
             // The glue pass wrote rec, s1..sn; the outcome commits rec, s1..sk.
             self.kv.resolve(o.accepted);
-            let vocab = self.kv.model().config().vocab_size;
-            if let Some(proposal) = round.settle(o, depth, &mut s.policy, vocab) {
+            if let Some(proposal) = round.settle(o, depth, &mut s.policy) {
                 return Ok(Reply::Proposal { proposal, hit: Some(true), backup: None });
             }
             hit = Some(false);
@@ -316,7 +315,8 @@ impl<M: DraftLm> Speculator<M> {
     /// them, the fan-out over its logits, and the tree of `depth` steps into the cache.
     async fn speculate(&mut self, tokens: Vec<u32>, depth: usize) -> Result<Reply> {
         let s = self.session.as_mut().ok_or_else(|| Error::Worker("no generation started".into()))?;
-        let (glue, glue_span) = timed(self.kv.glue(&tokens)).await?;
+        let (entries, temperature) = (s.policy.glue_entries(), fanout::ranking_temperature(&s.params));
+        let (glue, glue_span) = timed(self.kv.glue(&tokens, entries, temperature)).await?;
 
         let drafted = tokens[1..].to_vec();
         let branches = s.policy.candidates(&glue, &drafted, &s.params);

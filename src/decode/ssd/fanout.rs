@@ -1,7 +1,9 @@
 //! Fan-out: which verification outcomes (k, t*) the draft speculates on while the target
 //! verifies. For each k in 0..=n (n = draft tokens in the round) it picks candidate bonus tokens
 //! from the draft's glue logits g_k; every candidate is one branch of the speculation tree, so
-//! the total is the tree's batch width.
+//! the total is the tree's batch width. Only each g_k's likeliest [`FanoutPolicy::glue_entries`]
+//! tokens leave the device: as many as any strategy can pick, and enough that every rank the
+//! policy tells apart is among them, so the choice is the same as over the whole row.
 //!
 //! Strategies:
 //! - `uniform:F`: F candidates for every k.
@@ -21,8 +23,9 @@
 
 use std::collections::VecDeque;
 
+use crate::backend::{TopK, MAX_TOP_K};
 use crate::decode::spec::{Fanout, DEFAULT_WIDTH};
-use crate::sampling::{self, SamplingParams};
+use crate::sampling::SamplingParams;
 
 /// Rounds over which `top-p` measures its recent hit rate.
 const HIT_WINDOW: usize = 16;
@@ -100,6 +103,12 @@ impl FanoutPolicy {
         (-sxy / sxx).clamp(0.25, 4.0)
     }
 
+    /// How many of each glue row's likeliest tokens the fan-out reads: a row's candidates, its
+    /// drafted token (never a candidate) and a rank past `RANK_CAP` all fit.
+    pub fn glue_entries(&self) -> usize {
+        (self.fanout.max_branches(self.k) + 1).max(RANK_CAP + 2).min(MAX_TOP_K)
+    }
+
     /// The current branch budget.
     pub fn budget(&self) -> usize {
         self.budget
@@ -118,29 +127,24 @@ impl FanoutPolicy {
         }
     }
 
-    /// The branches (k, candidate bonus token) for a round whose glue pass gave the draft logits
-    /// `glue` (`drafted.len() + 1` rows) over the draft tokens `drafted`. A rejected draft token
-    /// can never be the bonus, so `drafted[k]` is never a candidate for k.
-    pub fn candidates(&mut self, glue: &[f32], drafted: &[u32], params: &SamplingParams) -> Vec<(usize, u32)> {
+    /// The branches (k, candidate bonus token) for a round whose glue pass gave `glue`
+    /// (`drafted.len() + 1` rows, at [`ranking_temperature`], each with its drafted token's
+    /// value) over the draft tokens `drafted`. A rejected draft token can never be the bonus, so
+    /// `drafted[k]` is never a candidate for k.
+    pub fn candidates(&mut self, glue: &TopK, drafted: &[u32], params: &SamplingParams) -> Vec<(usize, u32)> {
         let n = drafted.len();
-        let vocab = glue.len() / (n + 1);
-        let row = |k: usize| &glue[k * vocab..(k + 1) * vocab];
         match self.fanout {
             Fanout::Uniform(_) | Fanout::Geometric(_) => {
                 let widths = self.widths(n);
-                (0..=n)
-                    .flat_map(|k| {
-                        sampling::top_n(row(k), widths[k], drafted.get(k).copied()).into_iter().map(move |t| (k, t))
-                    })
-                    .collect()
+                (0..=n).flat_map(|k| ranked(glue, k, drafted.get(k).copied()).take(widths[k]).map(move |t| (k, t))).collect()
             }
             Fanout::TopP(p) => {
                 let a = self.acceptance();
                 let outcome = |k: usize| if k < n { a.powi(k as i32) * (1.0 - a) } else { a.powi(n as i32) };
+                let temperature = ranking_temperature(params);
                 let mut scored = Vec::new();
                 for k in 0..=n {
-                    let probs = ranking_probs(row(k), params);
-                    for (t, mass) in top_p_set(&probs, p, self.budget, drafted.get(k).copied()) {
+                    for (t, mass) in top_p_set(glue, k, temperature, p, self.budget, drafted.get(k).copied()) {
                         scored.push((outcome(k) * mass as f64, k, t));
                     }
                 }
@@ -212,44 +216,47 @@ fn apportion(total: usize, weights: &[f64]) -> Vec<usize> {
     f
 }
 
-/// The smallest set of the highest-probability tokens (never `exclude`) whose probability,
-/// renormalised without `exclude`, reaches `p`, at most `cap` of them: (token, renormalised
-/// probability), most likely first.
-pub fn top_p_set(probs: &[f32], p: f32, cap: usize, exclude: Option<u32>) -> Vec<(u32, f32)> {
-    let rest = 1.0 - exclude.map_or(0.0, |t| probs[t as usize]);
+/// Row `k`'s tokens, likeliest first, without `exclude`.
+fn ranked(glue: &TopK, k: usize, exclude: Option<u32>) -> impl Iterator<Item = u32> + '_ {
+    glue.row(k).0.iter().copied().filter(move |&t| Some(t) != exclude)
+}
+
+/// The smallest set of row `k`'s likeliest tokens (never `exclude`) whose probability at
+/// `temperature`, renormalised without `exclude`, reaches `p`, at most `cap` of them: (token,
+/// renormalised probability), most likely first.
+pub fn top_p_set(glue: &TopK, k: usize, temperature: f32, p: f32, cap: usize, exclude: Option<u32>) -> Vec<(u32, f32)> {
+    let prob = |value: f32| ((value / temperature - glue.lse[k]) as f64).exp() as f32;
+    let (ids, values) = glue.row(k);
+    let rest = 1.0 - exclude.map_or(0.0, |_| prob(glue.at[k]));
     let mut mass = 0.0;
     let mut set = Vec::new();
-    for t in sampling::top_n(probs, cap, exclude) {
-        if mass >= p || probs[t as usize] <= 0.0 {
+    for (&t, &v) in ids.iter().zip(values).filter(|&(&t, _)| Some(t) != exclude).take(cap) {
+        let pt = prob(v);
+        if mass >= p || pt <= 0.0 {
             break;
         }
-        let share = if rest > 0.0 { probs[t as usize] / rest } else { 0.0 };
+        let share = if rest > 0.0 { pt / rest } else { 0.0 };
         mass += share;
         set.push((t, share));
     }
     set
 }
 
-/// Where `token` falls in the candidate order of `values` (higher first, ties to the lower index),
-/// `exclude` left out: 0 for the top candidate.
-pub fn rank(values: &[f32], token: u32, exclude: Option<u32>) -> usize {
-    let v = values[token as usize];
-    values
-        .iter()
-        .enumerate()
-        .filter(|&(i, &x)| {
-            let i = i as u32;
-            Some(i) != exclude && i != token && (x > v || (x == v && i < token) || (v.is_nan() && !x.is_nan()))
-        })
-        .count()
+/// Where `token` falls among row `k`'s candidates (`exclude` left out): 0 for the top one; past
+/// the row's entries, their number, which is beyond `RANK_CAP`.
+pub fn rank(glue: &TopK, k: usize, token: u32, exclude: Option<u32>) -> usize {
+    ranked(glue, k, exclude).position(|t| t == token).unwrap_or(glue.k)
 }
 
-/// The draft's plain distribution used to rank and weigh candidates: at the request's
-/// temperature (1 when greedy), without top-k/top-p truncation, since the target's bonus token
-/// may lie outside the draft's nucleus.
-fn ranking_probs(logits: &[f32], params: &SamplingParams) -> Vec<f32> {
-    let temperature = if params.is_greedy() { 1.0 } else { params.temperature };
-    sampling::probs(logits, &SamplingParams { temperature, top_k: 0, top_p: 1.0, seed: 0 })
+/// The temperature of the draft's plain distribution used to rank and weigh candidates: the
+/// request's (1 when greedy), without top-k/top-p truncation, since the target's bonus token may
+/// lie outside the draft's nucleus.
+pub fn ranking_temperature(params: &SamplingParams) -> f32 {
+    if params.is_greedy() {
+        1.0
+    } else {
+        params.temperature
+    }
 }
 
 #[cfg(test)]
@@ -279,43 +286,62 @@ mod tests {
         assert_eq!(geometric(2, 4, 0.5, 1.0).iter().sum::<usize>(), 2);
     }
 
+    /// The glue pass's summary of `rows`, each row's value at its drafted token `drafted[r]`.
+    fn summary(rows: &[f32], vocab: usize, drafted: &[u32], params: &SamplingParams) -> TopK {
+        let at: Vec<u32> = (0..rows.len() / vocab).map(|r| drafted.get(r).copied().unwrap_or(crate::backend::NO_SLOT)).collect();
+        TopK::of(rows, vocab, 66, ranking_temperature(params), &at)
+    }
+
     #[test]
     fn uniform_and_geometric_candidates_exclude_the_drafted_token() {
         let vocab = 6;
-        let glue: Vec<f32> = [[5.0, 4.0, 3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]].concat();
+        let rows: Vec<f32> = [[5.0, 4.0, 3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]].concat();
         let params = SamplingParams::default();
         let mut u = FanoutPolicy::new(Fanout::Uniform(2), 1);
-        assert_eq!(u.candidates(&glue, &[0], &params), vec![(0, 1), (0, 2), (1, 5), (1, 4)]);
+        assert_eq!(u.candidates(&summary(&rows, vocab, &[0], &params), &[0], &params), vec![(0, 1), (0, 2), (1, 5), (1, 4)]);
         let mut g = FanoutPolicy::new(Fanout::Geometric(Some(3)), 1);
-        let c = g.candidates(&glue, &[1], &params);
+        let c = g.candidates(&summary(&rows, vocab, &[1], &params), &[1], &params);
         assert_eq!(c.len(), 3);
         assert!(!c.contains(&(0, 1)), "a rejected token is never the bonus: {c:?}");
-        assert_eq!(glue.len(), 2 * vocab);
     }
 
     #[test]
     fn top_p_sets_are_minimal_and_renormalised() {
-        let probs = [0.5, 0.2, 0.15, 0.1, 0.05, 0.0];
+        let probs: [f32; 6] = [0.5, 0.2, 0.15, 0.1, 0.05, 0.0];
+        let logits: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+        let glue = |exclude: Option<u32>| TopK::of(&logits, 6, 6, 1.0, &[exclude.unwrap_or(crate::backend::NO_SLOT)]);
+        let set = |p: f32, cap: usize, exclude: Option<u32>| top_p_set(&glue(exclude), 0, 1.0, p, cap, exclude);
         let toks = |s: Vec<(u32, f32)>| s.into_iter().map(|x| x.0).collect::<Vec<_>>();
-        assert_eq!(toks(top_p_set(&probs, 0.6, 10, None)), vec![0, 1]);
-        assert_eq!(toks(top_p_set(&probs, 0.5, 10, None)), vec![0]);
+        assert_eq!(toks(set(0.6, 10, None)), vec![0, 1]);
+        assert_eq!(toks(set(0.5, 10, None)), vec![0]);
         // Without token 0 the rest renormalise to 0.4, 0.3, 0.2, 0.1.
-        let s = top_p_set(&probs, 0.65, 10, Some(0));
+        let s = set(0.65, 10, Some(0));
         assert_eq!(toks(s.clone()), vec![1, 2]);
         assert!((s[0].1 - 0.4).abs() < 1e-6);
-        assert_eq!(toks(top_p_set(&probs, 0.99, 2, None)), vec![0, 1], "capped");
-        assert_eq!(toks(top_p_set(&probs, 1.0, 10, None)), vec![0, 1, 2, 3, 4], "never a zero-probability token");
+        assert_eq!(toks(set(0.99, 2, None)), vec![0, 1], "capped");
+        assert_eq!(toks(set(1.0, 10, None)), vec![0, 1, 2, 3, 4], "never a zero-probability token");
+    }
+
+    #[test]
+    fn glue_entries_cover_every_candidate_and_every_told_apart_rank() {
+        for fanout in ["uniform:3", "geometric", "geometric:40", "top-p:0.9"] {
+            for k in [1, 4, 8] {
+                let p = FanoutPolicy::new(fanout.parse().unwrap(), k);
+                let e = p.glue_entries();
+                assert!(e > p.fanout.max_branches(k) && e >= RANK_CAP + 2, "{fanout} K={k}: {e}");
+            }
+        }
     }
 
     #[test]
     fn top_p_candidates_respect_the_budget_by_outcome_likelihood() {
         let vocab = 8;
         let flat = vec![0.0f32; vocab];
-        let glue: Vec<f32> = [flat.clone(), flat.clone(), flat].concat();
+        let rows: Vec<f32> = [flat.clone(), flat.clone(), flat].concat();
         let params = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
         let mut p = FanoutPolicy::new(Fanout::TopP(0.9), 2);
         assert_eq!(p.budget(), 9);
-        let c = p.candidates(&glue, &[0, 1], &params);
+        let c = p.candidates(&summary(&rows, vocab, &[0, 1], &params), &[0, 1], &params);
         assert_eq!(c.len(), 9, "flat rows need 7-8 tokens each; the budget caps them");
         // Acceptance starts at 1/2: P(0) = 1/2, P(1) = 1/4, P(2) = 1/4; k = 0 gets the most.
         let per_k = |k| c.iter().filter(|x| x.0 == k).count();
@@ -363,10 +389,12 @@ mod tests {
 
     #[test]
     fn rank_counts_better_candidates() {
-        let v = [1.0, 3.0, 3.0, 2.0];
-        assert_eq!(rank(&v, 1, None), 0);
-        assert_eq!(rank(&v, 2, None), 1, "ties go to the lower index");
-        assert_eq!(rank(&v, 2, Some(1)), 0);
-        assert_eq!(rank(&v, 0, None), 3);
+        let v = [1.0, 3.0, 3.0, 2.0, 0.0];
+        let glue = TopK::of(&v, 5, 4, 1.0, &[0]);
+        assert_eq!(rank(&glue, 0, 1, None), 0);
+        assert_eq!(rank(&glue, 0, 2, None), 1, "ties go to the lower index");
+        assert_eq!(rank(&glue, 0, 2, Some(1)), 0);
+        assert_eq!(rank(&glue, 0, 0, None), 3);
+        assert_eq!(rank(&glue, 0, 4, None), 4, "past the row's entries");
     }
 }
