@@ -168,6 +168,8 @@ fn write_family_dir(name: &str, m: &ModelFile, dir: &std::path::Path) {
     config.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     std::fs::write(dir.join("tokenizer.json"), m.tokenizer.to_json().unwrap()).unwrap();
+    let tc = json!({"add_bos_token": m.tokenizer.add_bos(), "bos_token": m.tokenizer.bos_token()});
+    std::fs::write(dir.join("tokenizer_config.json"), tc.to_string()).unwrap();
 }
 
 /// Each family written as an HF directory loads to the same configuration and the same logits
@@ -185,6 +187,7 @@ fn family_hf_directories_match_their_gguf() {
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(hf.weights.config, gguf.weights.config, "{name}");
         assert_eq!(hf.weights.rope_factors, gguf.weights.rope_factors, "{name}: RoPE factors");
+        assert_eq!(hf.tokenizer.encode_prompt(" the cat").unwrap(), gguf.tokenizer.encode_prompt(" the cat").unwrap(), "{name}: BOS");
         let tokens: Vec<u32> = (0..40).map(|i| (i * 37 % 250) as u32).collect();
         let rows: Vec<u32> = (0..40).collect();
         // Beyond Phi-3's original context too, where its long factors apply.

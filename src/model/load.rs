@@ -428,10 +428,20 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
         .ok_or_else(|| Error::Tokenizer("tokenizer.json missing from the model directory".into()))?;
     let mut tokenizer = Tokenizer::from_json((*tok_bytes).as_ref())?;
     let mut chat_template = None;
+    // Whether prompts start with BOS: tokenizer_config.json's add_bos_token, else whether
+    // tokenizer.json's post-processor puts a special token first (Llama 3 says it only there).
+    let tj: serde_json::Value = json(&tok_bytes, "tokenizer.json")?;
+    let leading = tj.pointer("/post_processor/single/0/SpecialToken/id").and_then(|v| v.as_str()).map(str::to_owned);
+    let (mut bos, mut add_bos) = (leading.clone(), leading.is_some());
     if let Some(tc) = src.read("tokenizer_config.json")? {
         let tc: serde_json::Value = json(&tc, "tokenizer_config.json")?;
         chat_template = tc.get("chat_template").and_then(|v| v.as_str()).map(str::to_owned);
+        let token = tc.get("bos_token").and_then(|b| b.as_str().or_else(|| b.get("content")?.as_str()));
+        bos = token.map(str::to_owned).or(bos);
+        add_bos = tc.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(add_bos);
     }
+    let bos_id = bos.and_then(|t| tokenizer.token_to_id(&t));
+    tokenizer = tokenizer.with_bos(bos_id, add_bos);
     let vocab = tokenizer.vocab_size();
     let mut eos = cfg.eos_token_id.as_ref().map(|v| eos_ids(v, "config.json", vocab)).transpose()?.unwrap_or_default();
     if let Some(gc) = src.read("generation_config.json")? {
