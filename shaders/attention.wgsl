@@ -49,96 +49,159 @@ fn kv_write(
     vc[at] = v[i];
 }
 
-var<workgroup> qh: array<f32, WG * MAX_DIMS>;
-var<workgroup> scores: array<f32, WG>;
-var<workgroup> slots: array<u32, WG>;
-var<workgroup> attended: u32;
+// Queries one workgroup attends for: rows x query heads of one KV head.
+const QMAX: u32 = 8u;
 
-// One workgroup per (row, head). The attended slots are visited WG at a time: each thread scores
-// one slot, then every thread folds the WG scores into a running softmax (max, sum) and into the
-// output dimensions it owns. Two barriers per WG slots.
+var<workgroup> qh: array<f32, QMAX * WG * MAX_DIMS>;
+var<workgroup> scores: array<f32, QMAX * WG>;
+var<workgroup> slots: array<u32, WG>;
+var<workgroup> span: vec2<u32>;
+
+// The rows of a workgroup's queries: query i of block b is row (b * QMAX + i) / group.
+fn query_row(b: u32, i: u32) -> u32 {
+    return (b * QMAX + i) / p.group;
+}
+
+// Whether query row r attends the chunk entry j of the block's walk: first the union of the
+// rows' prefix ranges [start, prefix), then each row's extra slots, which only that row attends.
+fn attends(r: u32, j: u32, lo: u32, r0: u32) -> bool {
+    let prefix = batch_meta[p.m + r];
+    let start = batch_meta[2u * p.m + r];
+    let slot = slots[j % WG];
+    if (slot == NO_SLOT) {
+        return false;
+    }
+    let n_prefix = span.y - lo;
+    if (j < n_prefix) {
+        return slot >= start && slot < prefix;
+    }
+    return r == r0 + (j - n_prefix) / max(p.stride, 1u);
+}
+
+// One workgroup per (KV head, block of QMAX queries: consecutive rows x the head's query heads),
+// so that every K and V row a block attends is read once for all its queries. The slots are
+// visited WG at a time: each thread scores one slot against every query and, once every thread
+// has moved the queries' running maxima, turns its scores into weights; then every thread folds
+// the WG weights of each query into its running sum and into the output dimensions it owns.
+// Four barriers per WG slots.
 @compute @workgroup_size(64)
 fn attend(
     @builtin(local_invocation_index) t: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
+    let blocks = (p.m * p.group + QMAX - 1u) / QMAX;
     let g = wid.x + wid.y * nwg.x;
-    let r = g / p.n_heads;
-    if (r >= p.m) {
+    let kvh = g / blocks;
+    if (kvh >= p.n_heads / p.group) {
         return;
     }
-    let h = g % p.n_heads;
+    let b = g % blocks;
     let hd = p.head_dim;
-    let kv_off = (h / p.group) * hd;
-    let q_off = (r * p.n_heads + h) * hd;
-    let prefix = batch_meta[p.m + r];
-    let start = batch_meta[2u * p.m + r];
-    let from_prefix = prefix - start;
-    for (var d = t; d < hd; d += WG) {
-        qh[d] = q[q_off + d];
+    let kv_off = kvh * hd;
+    let nq = min(QMAX, p.m * p.group - b * QMAX);
+    let r0 = query_row(b, 0u);
+    let r1 = query_row(b, nq - 1u);
+    for (var i = 0u; i < nq; i++) {
+        let q_off = (query_row(b, i) * p.n_heads + kvh * p.group + (b * QMAX + i) % p.group) * hd;
+        for (var d = t; d < hd; d += WG) {
+            qh[i * hd + d] = q[q_off + d];
+        }
     }
     if (t == 0u) {
-        attended = from_prefix + p.stride;
+        var lo = 0xffffffffu;
+        var hi = 0u;
+        for (var r = r0; r <= r1; r++) {
+            lo = min(lo, batch_meta[2u * p.m + r]);
+            hi = max(hi, batch_meta[p.m + r]);
+        }
+        span = vec2<u32>(min(lo, hi), hi);
     }
-    let n = workgroupUniformLoad(&attended);
+    let bounds = workgroupUniformLoad(&span);
+    let lo = bounds.x;
+    let n = (bounds.y - lo) + (r1 - r0 + 1u) * p.stride;
 
-    var run_max = NEG;
-    var sum = 0.0;
-    var acc: array<f32, MAX_DIMS>;
+    var run_max: array<f32, QMAX>;
+    var sum: array<f32, QMAX>;
+    var acc: array<array<f32, MAX_DIMS>, QMAX>;
+    for (var i = 0u; i < QMAX; i++) {
+        run_max[i] = NEG;
+    }
     for (var c0 = 0u; c0 < n; c0 += WG) {
         let j = c0 + t;
         var slot = NO_SLOT;
-        var s = NEG;
-        if (j < from_prefix) {
-            slot = start + j;
+        if (j < bounds.y - lo) {
+            slot = lo + j;
         } else if (j < n) {
-            slot = batch_meta[3u * p.m + r * p.stride + j - from_prefix];
+            let e = j - (bounds.y - lo);
+            slot = batch_meta[3u * p.m + r0 * p.stride + e];
         }
-        if (slot != NO_SLOT) {
-            let kb = slot * p.kv_dim + kv_off;
-            var dot = 0.0;
-            for (var d = 0u; d < hd; d++) {
-                dot += qh[d] * kc[kb + d];
-            }
-            s = dot * p.scale;
-        }
-        scores[t] = s;
         slots[t] = slot;
         workgroupBarrier();
-        var new_max = run_max;
-        for (var i = 0u; i < WG; i++) {
-            if (slots[i] != NO_SLOT) {
-                new_max = max(new_max, scores[i]);
+        var dots: array<f32, QMAX>;
+        if (slot != NO_SLOT) {
+            let kb = slot * p.kv_dim + kv_off;
+            for (var d = 0u; d < hd; d++) {
+                let kd = kc[kb + d];
+                for (var i = 0u; i < nq; i++) {
+                    dots[i] += qh[i * hd + d] * kd;
+                }
             }
         }
-        let alpha = exp(run_max - new_max);
-        sum *= alpha;
-        for (var dd = 0u; dd < MAX_DIMS; dd++) {
-            acc[dd] *= alpha;
+        for (var i = 0u; i < nq; i++) {
+            scores[i * WG + t] = select(NEG, dots[i] * p.scale, j < n && attends(query_row(b, i), j, lo, r0));
         }
-        run_max = new_max;
-        for (var i = 0u; i < WG; i++) {
-            let si = slots[i];
-            if (si == NO_SLOT) {
+        workgroupBarrier();
+        for (var i = 0u; i < nq; i++) {
+            var new_max = run_max[i];
+            for (var u = 0u; u < WG; u++) {
+                new_max = max(new_max, scores[i * WG + u]);
+            }
+            let alpha = exp(run_max[i] - new_max);
+            sum[i] *= alpha;
+            for (var dd = 0u; dd < MAX_DIMS; dd++) {
+                acc[i][dd] *= alpha;
+            }
+            run_max[i] = new_max;
+        }
+        // Each thread turns its own slot's scores into weights, once for all threads.
+        workgroupBarrier();
+        for (var i = 0u; i < nq; i++) {
+            let score = scores[i * WG + t];
+            scores[i * WG + t] = select(0.0, exp(score - run_max[i]), score != NEG);
+        }
+        workgroupBarrier();
+        for (var u = 0u; u < WG; u++) {
+            let su = slots[u];
+            if (su == NO_SLOT || c0 + u >= n) {
                 continue;
             }
-            let pr = exp(scores[i] - run_max);
-            sum += pr;
-            let vb = si * p.kv_dim + kv_off;
+            let vb = su * p.kv_dim + kv_off;
+            var vd: array<f32, MAX_DIMS>;
             for (var dd = 0u; dd < MAX_DIMS; dd++) {
                 let d = t + dd * WG;
                 if (d < hd) {
-                    acc[dd] += pr * vc[vb + d];
+                    vd[dd] = vc[vb + d];
+                }
+            }
+            for (var i = 0u; i < nq; i++) {
+                // A slot a query does not attend weighs 0.
+                let pr = scores[i * WG + u];
+                sum[i] += pr;
+                for (var dd = 0u; dd < MAX_DIMS; dd++) {
+                    acc[i][dd] += pr * vd[dd];
                 }
             }
         }
         workgroupBarrier();
     }
-    for (var dd = 0u; dd < MAX_DIMS; dd++) {
-        let d = t + dd * WG;
-        if (d < hd) {
-            out[q_off + d] = select(0.0, acc[dd] / sum, sum > 0.0);
+    for (var i = 0u; i < nq; i++) {
+        let q_off = (query_row(b, i) * p.n_heads + kvh * p.group + (b * QMAX + i) % p.group) * hd;
+        for (var dd = 0u; dd < MAX_DIMS; dd++) {
+            let d = t + dd * WG;
+            if (d < hd) {
+                out[q_off + d] = select(0.0, acc[i][dd] / sum[i], sum[i] > 0.0);
+            }
         }
     }
 }

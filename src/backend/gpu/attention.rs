@@ -1,5 +1,6 @@
 //! Attention over the GPU KV cache: write the batch's K/V into its slots, then one workgroup per
-//! (row, head) attends the slots the mask gives the row (a causal prefix, cut to a sliding window
+//! KV head and block of 8 queries (consecutive rows x that head's query heads, so each K and V
+//! row is read once for all of them) attends the slots the mask gives each row (a causal prefix, cut to a sliding window
 //! where the layer has one, plus explicit extra slots for tree batches), with the softmax
 //! computed online.
 
@@ -13,6 +14,8 @@ use super::{groups, shape_check, Cache, GpuBackend, Tensor};
 
 /// Head dimensions the kernel holds (64 threads x 4 values each).
 const MAX_HEAD_DIM: usize = 256;
+/// Queries one workgroup attends for (`QMAX` in attention.wgsl).
+const QUERIES: usize = 8;
 
 impl GpuBackend {
     #[allow(clippy::too_many_arguments)]
@@ -72,7 +75,9 @@ impl GpuBackend {
         self.dispatch(&write, &params, &[k.bind(2), v.bind(3), meta_bind, kc, vc], groups(m * kv_dim, 64)?)?;
         let out = self.tensor(m, q.cols)?;
         let attend = self.kernel(&ATTENTION, "attend", &[])?;
-        self.dispatch(&attend, &params, &[q.bind(1), meta_bind, kc, vc, out.bind(7)], groups(m * s.n_heads, 1)?)?;
+        // One workgroup per KV head and block of QUERIES (rows x query heads) of it.
+        let blocks = (m * (s.n_heads / s.n_kv_heads)).div_ceil(QUERIES);
+        self.dispatch(&attend, &params, &[q.bind(1), meta_bind, kc, vc, out.bind(7)], groups(s.n_kv_heads * blocks, 1)?)?;
         Ok(out)
     }
 }
