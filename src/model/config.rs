@@ -75,13 +75,13 @@ impl ModelConfig {
                 return bad(format!("model dimension {name} = {value} is outside 1..={max}"));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!("{} heads not divisible by {} kv heads", self.n_heads, self.n_kv_heads));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head dimension {} must be even", self.head_dim));
         }
-        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if self.rotary_dim == 0 || !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
             return bad(format!("RoPE dimension {} must be even and within the head's {}", self.rotary_dim, self.head_dim));
         }
         if self.sliding_window == Some(0) || self.sliding_window.is_some_and(|w| w > u32::MAX as usize) {
@@ -111,7 +111,7 @@ impl ModelConfig {
             && match self.family().windows {
                 Windows::Never => false,
                 Windows::All => true,
-                Windows::AllButEvery(n) => (layer + 1) % n != 0,
+                Windows::AllButEvery(n) => !(layer + 1).is_multiple_of(n),
             }
     }
 

@@ -345,7 +345,7 @@ pub fn family_gguf(name: &str) -> Vec<u8> {
                 &[s.n_rot / 2],
                 {
                     let (factor, low, high, orig) = LLAMA3_ROPE;
-                    saguaro::model::arch::llama3_factors(s.n_rot, s.rope_base as f32, factor, low, high, orig)
+                    saguaro::model::arch::llama3_factors(s.n_rot, s.rope_base, factor, low, high, orig)
                 },
             )
         }

@@ -106,7 +106,7 @@ impl FanoutPolicy {
     /// How many of each glue row's likeliest tokens the fan-out reads: a row's candidates, its
     /// drafted token (never a candidate) and a rank past `RANK_CAP` all fit.
     pub fn glue_entries(&self) -> usize {
-        (self.fanout.max_branches(self.k) + 1).max(RANK_CAP + 2).min(MAX_TOP_K)
+        (self.fanout.max_branches(self.k) + 1).clamp(RANK_CAP + 2, MAX_TOP_K)
     }
 
     /// The current branch budget.
