@@ -77,9 +77,10 @@ fn keep_top(t: u32, row: u32, chunk: u32) {
     }
 }
 
-// The first pass: one workgroup per (row, chunk) of the values.
+// One workgroup per (row, chunk) of the input: the values in the first pass ({{LOAD}} reads x),
+// the survivors of the pass before in later ones ({{LOAD}} reads pin).
 @compute @workgroup_size(256)
-fn chunk_top_values(
+fn chunk_top(
     @builtin(local_invocation_index) t: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -92,27 +93,8 @@ fn chunk_top_values(
     let chunk = g % p.chunks;
     for (var i = t; i < CHUNK; i += WG) {
         let c = chunk * CHUNK + i;
-        keys[i] = select(vec2<u32>(0u, NONE), vec2<u32>(order_key(x[row * p.n + min(c, p.n - 1u)]), c), c < p.n);
-    }
-    keep_top(t, row, chunk);
-}
-
-// Later passes: one workgroup per (row, chunk) of the survivors of the pass before.
-@compute @workgroup_size(256)
-fn chunk_top_pairs(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let g = wid.x + wid.y * nwg.x;
-    let row = g / p.chunks;
-    if (row >= p.rows) {
-        return;
-    }
-    let chunk = g % p.chunks;
-    for (var i = t; i < CHUNK; i += WG) {
-        let c = chunk * CHUNK + i;
-        keys[i] = select(vec2<u32>(0u, NONE), pin[row * p.n + min(c, p.n - 1u)], c < p.n);
+        let at = row * p.n + min(c, p.n - 1u);
+        keys[i] = select(vec2<u32>(0u, NONE), {{LOAD}}, c < p.n);
     }
     keep_top(t, row, chunk);
 }

@@ -298,6 +298,23 @@ fn hf_config(eos: serde_json::Value) -> serde_json::Value {
 }
 
 #[test]
+fn an_hf_rope_scaling_this_engine_does_not_apply_is_refused_by_name() {
+    let with = |scaling: serde_json::Value| {
+        let mut config = hf_config(serde_json::json!(3));
+        config["rope_scaling"] = scaling;
+        hf_err(hf_files(config))
+    };
+    let msg = with(serde_json::json!({"rope_type": "yarn", "factor": 4.0}));
+    assert!(msg.contains("RoPE scaling type 'yarn' (supported: linear, llama3, longrope)"), "{msg}");
+    let msg = with(serde_json::json!({"rope_type": "llama3", "factor": -1.0}));
+    assert!(msg.contains("rope_scaling: factor must be a positive number"), "{msg}");
+    let msg = with(serde_json::json!({"type": "longrope", "short_factor": [1.0], "long_factor": "x"}));
+    assert!(msg.contains("rope_scaling: long_factor must be a list of numbers"), "{msg}");
+    let msg = with(serde_json::json!({"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}));
+    assert!(msg.contains("rope_scaling: long RoPE needs original_max_position_embeddings"), "{msg}");
+}
+
+#[test]
 fn an_hf_index_cannot_name_files_outside_the_directory() {
     for shard in ["../../etc/passwd", "/etc/passwd", "sub/model.safetensors", ".."] {
         let mut files = hf_files(hf_config(serde_json::json!(3)));

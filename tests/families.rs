@@ -111,3 +111,23 @@ fn greedy_speculation_is_lossless_on_every_family() {
         }
     }
 }
+
+/// A tree row whose extra slots reach further back than Gemma 3's 6-position window would be
+/// attended wrongly (extras are never cut by the window): it is refused, and a shallower one runs.
+#[test]
+fn a_tree_deeper_than_the_sliding_window_is_refused() {
+    use saguaro::backend::{Mask, NO_SLOT};
+    let m = family("gemma3");
+    let mut lm = cpu_runner(&m, 64);
+    let tree = |depth: u32| Batch {
+        tokens: vec![5],
+        positions: vec![10 + depth],
+        slots: vec![40],
+        mask: Mask { prefix: vec![10], extra_stride: 2, extra: vec![30, NO_SLOT] },
+    };
+    block_on(lm.logits(&Batch::causal(&[7; 10], 0), &[9])).unwrap();
+    block_on(lm.logits(&Batch::causal(&[8], 30), &[0])).unwrap();
+    block_on(lm.logits(&tree(5), &[0])).expect("a tree within the window");
+    let err = block_on(lm.logits(&tree(6), &[0])).unwrap_err();
+    assert!(err.to_string().contains("reaches past its 6-position sliding window"), "{err}");
+}

@@ -159,3 +159,20 @@ impl ModelConfig {
         self.n_kv_heads * self.head_dim
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_window_or_rope_shape_is_refused_by_name() {
+        let bad = |c: ModelConfig| c.validate().unwrap_err().to_string();
+        assert!(bad(ModelConfig { sliding_window: Some(0), ..ModelConfig::tiny() }).contains("a sliding window of 0 positions"));
+        for rotary_dim in [0, 3, 10] {
+            let msg = bad(ModelConfig { rotary_dim, ..ModelConfig::tiny() });
+            assert!(msg.contains(&format!("RoPE dimension {rotary_dim} must be even")), "{msg}");
+        }
+        let msg = bad(ModelConfig { attn_scale: f32::NAN, ..ModelConfig::tiny() });
+        assert!(msg.contains("attn_scale = NaN must be a positive number"), "{msg}");
+    }
+}

@@ -423,6 +423,8 @@ fn json<T: for<'de> Deserialize<'de>>(s: &Storage, name: &str) -> Result<T> {
 pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
     let cfg: HfConfig = json(&read_required(src, "config.json")?, "config.json")?;
     let arch = Arch::from_hf(&cfg.model_type)?;
+    // Before any weights are read: a bad config is refused without reading gigabytes.
+    let scaling = RopeScaling::parse(cfg.rope_scaling.as_ref(), cfg.original_max_position_embeddings)?;
     let tok_bytes = src
         .read("tokenizer.json")?
         .ok_or_else(|| Error::Tokenizer("tokenizer.json missing from the model directory".into()))?;
@@ -430,16 +432,21 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
     let mut chat_template = None;
     // Whether prompts start with BOS: tokenizer_config.json's add_bos_token, else whether
     // tokenizer.json's post-processor puts a special token first (Llama 3 says it only there).
-    let tj: serde_json::Value = json(&tok_bytes, "tokenizer.json")?;
-    let leading = tj.pointer("/post_processor/single/0/SpecialToken/id").and_then(|v| v.as_str()).map(str::to_owned);
-    let (mut bos, mut add_bos) = (leading.clone(), leading.is_some());
+    let (mut bos, mut add_bos) = (None, None);
     if let Some(tc) = src.read("tokenizer_config.json")? {
         let tc: serde_json::Value = json(&tc, "tokenizer_config.json")?;
         chat_template = tc.get("chat_template").and_then(|v| v.as_str()).map(str::to_owned);
         let token = tc.get("bos_token").and_then(|b| b.as_str().or_else(|| b.get("content")?.as_str()));
-        bos = token.map(str::to_owned).or(bos);
-        add_bos = tc.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(add_bos);
+        bos = token.map(str::to_owned);
+        add_bos = tc.get("add_bos_token").and_then(|v| v.as_bool());
     }
+    if add_bos.is_none() {
+        let tj: serde_json::Value = json(&tok_bytes, "tokenizer.json")?;
+        let leading = tj.pointer("/post_processor/single/0/SpecialToken/id").and_then(|v| v.as_str()).map(str::to_owned);
+        add_bos = Some(leading.is_some());
+        bos = bos.or(leading);
+    }
+    let add_bos = add_bos.unwrap_or(false);
     let bos_id = bos.and_then(|t| tokenizer.token_to_id(&t));
     tokenizer = tokenizer.with_bos(bos_id, add_bos);
     let vocab = tokenizer.vocab_size();
@@ -495,7 +502,6 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
     let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads.max(1));
     let family = arch.family();
     let rotary_dim = cfg.partial_rotary_factor.map_or(head_dim, |p| (head_dim as f32 * p) as usize);
-    let scaling = RopeScaling::parse(cfg.rope_scaling.as_ref(), cfg.original_max_position_embeddings)?;
     let context_length = cfg.max_position_embeddings.unwrap_or(2048);
     let config = ModelConfig {
         arch,

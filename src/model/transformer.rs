@@ -120,10 +120,11 @@ impl<B: Backend> Transformer<B> {
             Some(w) => b.rms_norm(&x, w, eps),
             None => Ok(x),
         };
+        // Every windowed layer has the same window: the batch is checked against it once.
+        check_window(batch, (0..c.n_layers).find_map(|i| c.attn_shape(i).window))?;
         let mut x = b.embed(&self.embed, &batch.tokens, c.embed_scale())?;
         for (i, l) in self.layers.iter().enumerate() {
             let shape = c.attn_shape(i);
-            check_window(batch, shape.window)?;
             let rope = c.rope(i, self.rope_factors.as_deref());
             let h = b.rms_norm(&x, &l.attn_norm, eps)?;
             let mut q = norm(b.matmul(&h, &l.wq, l.bq.as_ref())?, &l.q_norm)?;

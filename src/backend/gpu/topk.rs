@@ -17,6 +17,10 @@ const CHUNK: usize = 1024;
 // Each pass must leave fewer survivors than it read.
 const _: () = assert!(MAX_TOP_K <= CHUNK / 2);
 
+/// How `chunk_top` reads entry `at`: a value, keyed, in the first pass; a survivor after.
+const FROM_VALUES: (&str, &str) = ("LOAD", "vec2<u32>(order_key(x[at]), c)");
+const FROM_PAIRS: (&str, &str) = ("LOAD", "pin[at]");
+
 /// The value whose order key (topk.wgsl's `order_key`) is `key`.
 fn key_value(key: u32) -> f32 {
     match key {
@@ -67,8 +71,8 @@ impl GpuBackend {
                 None => (&result, stride),
             };
             match &survivors {
-                None => pass(&self.kernel(&TOPK, "chunk_top_values", &[])?, n, chunks, out_stride, &[x.bind(1), out_buf.bind(3)])?,
-                Some(s) => pass(&self.kernel(&TOPK, "chunk_top_pairs", &[])?, n, chunks, out_stride, &[s.bind(2), out_buf.bind(3)])?,
+                None => pass(&self.kernel(&TOPK, "chunk_top", &[FROM_VALUES])?, n, chunks, out_stride, &[x.bind(1), out_buf.bind(3)])?,
+                Some(s) => pass(&self.kernel(&TOPK, "chunk_top", &[FROM_PAIRS])?, n, chunks, out_stride, &[s.bind(2), out_buf.bind(3)])?,
             }
             if last {
                 break;
@@ -77,7 +81,8 @@ impl GpuBackend {
             n = chunks * k;
         }
         let cols = self.meta(Meta::Columns, at, |c| c.to_vec())?;
-        let stats = self.kernel(&TOPK, "row_stats", &[])?;
+        // row_stats reads no chunk entries; the source needs its placeholder filled all the same.
+        let stats = self.kernel(&TOPK, "row_stats", &[FROM_VALUES])?;
         pass(&stats, x.cols, 1, stride, &[x.bind(1), result.bind(3), (4, &cols, cols.size())])?;
         Ok(self.download(result.buf.buffer(), result.bytes()))
     }
