@@ -305,8 +305,11 @@ def main():
         write(corpus, "gguf", f"{stem}-tiny", gguf(with_dims(cut, arch), tiny_tensors(arch, vocab, types)))
         # The file's own first bytes: a truncated real header.
         write(corpus, "gguf", f"{stem}-prefix", head[:16384])
-        # Its vocabulary as an HF directory.
+        # Its vocabulary as an HF directory, where it is a byte-level BPE (SentencePiece
+        # vocabularies, Gemma's, carry scores instead of merges).
         meta = {k: v for k, _, v in cut}
+        if "tokenizer.ggml.merges" not in meta:
+            continue
         cut_tokens, cut_merges = meta["tokenizer.ggml.tokens"][1], meta["tokenizer.ggml.merges"][1]
         types_ = meta["tokenizer.ggml.token_type"][1]
         cut_specials = [t for t, ty in zip(cut_tokens, types_) if ty == 3] or [cut_tokens[-1]]
