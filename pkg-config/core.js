@@ -174,10 +174,21 @@ export function engineOptions(opts, modes) {
   return { ...rest, modes };
 }
 
+/** A target on a server: `{ server: 'http://HOST:PORT', ... }` rather than a model file. */
+export function isServer(source) {
+  return typeof source === 'object' && source !== null && Object.getPrototypeOf(source) === Object.prototype && 'server' in source;
+}
+
 export async function loadEngine(target, draft, opts, modes, onProgress) {
   await initWasm();
   // Bad options fail before any model is downloaded.
   wasm.WasmEngine.checkOptions(engineOptions(opts, modes));
+  if (isServer(target)) {
+    wasm.WasmEngine.checkServer(target);
+    if (!draft) throw new SaguaroError('invalid_argument', 'a server target needs a draft model here: give { target: { server }, draft }');
+    const d = await readModel(draft, { role: 'draft', onProgress, cache: opts.cache });
+    return wasm.WasmEngine.loadRemote(target, d, engineOptions(opts, modes));
+  }
   const t = await readModel(target, { role: 'target', onProgress, cache: opts.cache });
   const d = draft ? await readModel(draft, { role: 'draft', onProgress, cache: opts.cache }) : undefined;
   onProgress?.({ phase: 'upload', role: 'target', loaded: 0, total: 1 });

@@ -1,7 +1,23 @@
 /** Where a model comes from: a URL, a Blob/File, or the file's bytes. A GGUF file. */
 export type ModelSource = string | URL | Blob | ArrayBuffer | Uint8Array;
 
+/** A target on a server that speaks SGLang's `/generate` (`saguaro serve`, or SGLang): every
+ * round sends the draft's tokens there for verification in one request. Needs a `draft`, which
+ * runs here and whose tokenizer must be the server's. Greedy output equals the server model's
+ * own; sampled output is exact with `topK` between 1 and `topN` (other sampling is refused). */
+export interface ServerTarget {
+  /** `http://HOST:PORT`. The server must allow this page's origin (`saguaro serve` does: CORS). */
+  server: string;
+  /** Likeliest tokens the server returns per verified position (default 64). */
+  topN?: number;
+  /** Limit on one request, in ms (default 60000). */
+  timeoutMs?: number;
+  /** Further attempts after a failed request, with a doubling wait from 100 ms (default 3). */
+  retries?: number;
+}
+
 export type Backend = 'gpu' | 'cpu';
+/** With a server target, 'ar' is the server generating on its own (one request). */
 export type Mode = 'ar' | 'sd' | 'ssd';
 
 export type ErrorCode =
@@ -13,6 +29,7 @@ export type ErrorCode =
   | 'invalid_argument'
   | 'aborted'
   | 'gpu_error'
+  | 'server_error'
   | 'internal';
 
 /** Every failure is one of these, with a message that says what went wrong. */
@@ -107,6 +124,20 @@ export interface Stats {
   draftBusyMs?: number;
   /** Time the draft's speculation ran at the same time as the target's verification. */
   overlapMs?: number;
+  /** With a server target: what its requests cost. */
+  remote?: {
+    roundTrips: number;
+    /** Failed attempts that were sent again. */
+    retries: number;
+    bytesSent: number;
+    bytesReceived: number;
+    roundTripMs: number;
+    /** The server's own time for the requests. */
+    serverMs: number;
+    /** Tokens the server already held in its prefix cache, of all tokens sent. */
+    cachedTokens: number;
+    inputTokens: number;
+  };
   verifyMsMean?: number;
   treeStepMsMean?: number;
   glueMsMean?: number;
@@ -119,7 +150,9 @@ export interface Stats {
     expectedSpeedup: number;
     /** Per-token acceptance assumed, refined after each speculative generation. */
     acceptance: number;
-    costs: { decodeMs: number; verifyMs: [number, number][]; draftStepMs: number; parallel: boolean };
+    /** `treeStep`: [rows, ms] of a draft forward as wide as SSD's tree steps, timed where the draft
+     * runs beside the target (SSD is chosen only when its speculation fits behind the verify). */
+    costs: { decodeMs: number; verifyMs: [number, number][]; draftStepMs: number; treeStep: [number, number] | null; parallel: boolean };
   };
 }
 
@@ -145,7 +178,8 @@ export interface GenerateResult {
 
 export interface EngineInfo {
   targetBackend: string;
-  backend: Backend;
+  /** 'server' for a server target. */
+  backend: Backend | 'server';
   draftBackend: Backend | null;
   /** Whether SSD's draft runs in its own Web Worker. */
   draftWorker: boolean;
@@ -194,7 +228,7 @@ export interface TextStream extends AsyncIterable<string> {
 }
 
 export declare class Saguaro {
-  static load(models: { target: ModelSource; draft?: ModelSource }, options?: LoadOptions): Promise<Saguaro>;
+  static load(models: { target: ModelSource | ServerTarget; draft?: ModelSource }, options?: LoadOptions): Promise<Saguaro>;
   readonly info: EngineInfo;
   generate(prompt: Prompt, options?: GenerateOptions): Promise<GenerateResult>;
   stream(prompt: Prompt, options?: GenerateOptions): TextStream;

@@ -1,7 +1,7 @@
 // saguaro-web: the public API. In a browser the engine runs in a dedicated Web Worker (the page's
 // main thread never computes) and SSD's CPU draft in a second one; in Node the same API runs
 // inline on the CPU backend.
-import { SaguaroError, errorInfo, whenLockFree } from './core.js';
+import { SaguaroError, errorInfo, isServer, whenLockFree } from './core.js';
 
 export { SaguaroError };
 
@@ -21,8 +21,10 @@ function fail(info) {
 /** OpenAI's finish_reason for ours ('cancelled' never gets here: it rejects as 'aborted'). */
 const FINISH_REASONS = { eos: 'stop', max_tokens: 'length', context_full: 'length' };
 
-/** Where a model comes from, in a form a worker can receive: a resolved URL string or a Blob. */
+/** Where a model comes from, in a form a worker can receive: a resolved URL string, a Blob, or a
+ * server target's plain object. */
 function transferable(source, role) {
+  if (isServer(source)) return { ...source };
   if (source instanceof URL) return source.href;
   if (typeof source === 'string') return new URL(source, globalThis.location?.href).href;
   if (source instanceof ArrayBuffer || ArrayBuffer.isView(source)) return new Blob([source]);
@@ -119,9 +121,10 @@ function spawnDraft(source, cfg, lock, onProgress) {
 class WorkerEngine {
   static async load(models, opts, modes) {
     const gpu = await webgpuAdapter();
+    const server = isServer(models.target);
     let backend = opts.backend;
     if (backend === 'gpu' && !gpu) throw new SaguaroError('no_webgpu', 'backend "gpu": this browser has no WebGPU adapter');
-    if (!backend) {
+    if (!backend && !server) {
       backend = gpu ? 'gpu' : 'cpu';
       if (!gpu) console.warn('saguaro: no WebGPU adapter, so the target runs on the CPU');
     }
@@ -132,16 +135,16 @@ class WorkerEngine {
     const remoteSsd = !!draft && modes.includes('ssd') && draftBackend === 'cpu';
     const localModes = modes.filter((m) => m === 'sd' || (m === 'ssd' && !remoteSsd));
     const { onProgress, ...rest } = opts;
-    const cfg = { ...rest, backend, draftBackend };
+    const cfg = { ...rest, ...(backend && { backend }), draftBackend };
     const worker = new Worker(new URL('./engine-worker.js', import.meta.url), { type: 'module', name: 'saguaro-engine' });
     const rpc = new Rpc(worker);
     // Each worker holds a Web Lock while it lives; waiting on it is how its end is seen.
     const lockId = `saguaro-${Math.random().toString(36).slice(2)}`;
     const spawn = remoteSsd ? (n) => spawnDraft(draft, cfg, `${lockId}-draft-${n}`, opts.onProgress) : null;
-    // With SD prepared too, the engine worker reads the draft as well: the draft worker then
-    // starts once that copy is in, and reads it from the Cache API rather than downloading it
-    // a second time.
-    const localDraft = localModes.length > 0;
+    // With SD prepared too, the engine worker reads the draft as well (and with a server target,
+    // whose tokenizer is the draft's): the draft worker then starts once that copy is in, and
+    // reads it from the Cache API rather than downloading it a second time.
+    const localDraft = localModes.length > 0 || server;
     let first = localDraft ? null : spawn?.(0);
     try {
       const load = rpc.call(
@@ -155,7 +158,7 @@ class WorkerEngine {
         info = await rpc.call({ type: 'attach', draftPort: first.port }, { transfer: [first.port] }).done;
       }
       whenLockFree(`${lockId}-engine`, () => rpc.lost('the engine worker stopped (it closed or crashed): load the models again'));
-      return new WorkerEngine(rpc, first?.worker ?? null, spawn, { ...info, backend, draftBackend: draft ? draftBackend : null, draftWorker: remoteSsd });
+      return new WorkerEngine(rpc, first?.worker ?? null, spawn, { ...info, backend: server ? 'server' : backend, draftBackend: draft ? draftBackend : null, draftWorker: remoteSsd });
     } catch (e) {
       rpc.terminate();
       first?.worker.terminate();
@@ -214,7 +217,8 @@ class InlineEngine {
     } catch (e) {
       throw fail(errorInfo(e));
     }
-    return new InlineEngine(core, engine, { ...engine.info(), backend: 'cpu', draftBackend: models.draft ? 'cpu' : null, draftWorker: false });
+    const backend = isServer(models.target) ? 'server' : 'cpu';
+    return new InlineEngine(core, engine, { ...engine.info(), backend, draftBackend: models.draft ? 'cpu' : null, draftWorker: false });
   }
 
   constructor(core, engine, info) {

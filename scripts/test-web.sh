@@ -12,18 +12,22 @@ echo "== the demo server stays inside its root"
 node tests/web/serve.test.mjs
 
 scripts/build-web.sh
+# The native server the package is tested against as a server target.
+cargo build --release --bin saguaro
 
 echo "== npm package in Node (packed tarball in a fresh project)"
 work=$(mktemp -d -t saguaro-web-test.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 tarball=$(npm pack ./pkg --pack-destination "$work" --silent | tail -n 1)
 mkdir "$work/project"
-cp tests/web/node.test.mjs tests/web/golden.mjs "$work/project/"
+cp tests/web/node.test.mjs tests/web/remote.test.mjs tests/web/golden.mjs tests/web/saguaro-serve.mjs "$work/project/"
 (
   cd "$work/project"
   echo '{"name":"fresh","private":true,"type":"module"}' > package.json
   npm install --no-audit --no-fund --silent "$work/$tarball"
   SAGUARO_GOLDEN="$root/tests/golden" node node.test.mjs "$root/models"
+  echo "== npm package in Node with the target on saguaro serve"
+  SAGUARO_GOLDEN="$root/tests/golden" node remote.test.mjs "$root/models" "$root/target/release/saguaro"
 )
 
 echo "== wasm tests in headless Chromium"
@@ -31,6 +35,9 @@ scripts/test-wasm.sh
 
 echo "== the two Web Workers in Chromium: abort, a dead draft worker"
 node tests/web/worker.mjs
+
+echo "== a server target in Chromium: saguaro serve at another origin"
+node tests/web/remote.browser.mjs
 
 echo "== demo end to end in Chromium"
 node tests/web/e2e.mjs

@@ -8,7 +8,7 @@
 
 use crate::backend::cpu::{CpuBackend, Precision};
 use crate::decode::{
-    generate_ar, generate_sd, generate_sd_with, generate_ssd, Choice, Costs, DraftWorker, FinishReason, Mode, NgramConfig,
+    generate_ar, generate_sd, generate_sd_with, generate_ssd, Choice, Costs, DraftWorker, Fanout, FinishReason, Mode, NgramConfig,
     PromptLookup, Request, SpecConfig, Stats,
 };
 use crate::error::{Error, Result};
@@ -183,11 +183,9 @@ pub struct Engine {
     /// The measured choice of mode and K, refined by the acceptance later generations see.
     choice: Option<Choice>,
     /// A target on a server: its request counters, and a handle for mode AR.
-    #[cfg(feature = "native")]
     remote: Option<Remote>,
 }
 
-#[cfg(feature = "native")]
 struct Remote {
     link: crate::remote::RemoteLink,
     /// The server again, for mode AR: it generates on its own there.
@@ -341,15 +339,15 @@ impl Engine {
         let several_modes = opts.modes.len() != 1;
         let choice = match (draft.is_some() || opts.lookup.is_some()) && opts.auto && several_modes {
             true if opts.lookup.is_some() => {
-                let costs = Costs::measure(target_lm.as_mut(), None, false).await?;
-                Some(costs.choose(PRIOR_LOOKUP_ACCEPTANCE, 0))
+                let costs = Costs::measure(target_lm.as_mut(), None, false, 0).await?;
+                Some(costs.choose(PRIOR_LOOKUP_ACCEPTANCE, None))
             }
             true if sd_draft.is_some() => {
                 let cpu = |d: &Device| matches!(d, Device::Cpu { .. });
                 let parallel = !(cpu(&opts.target) && cpu(&opts.draft));
                 let draft_lm = sd_draft.as_deref_mut().map(|d| d as &mut dyn Lm);
-                let costs = Costs::measure(target_lm.as_mut(), draft_lm, parallel).await?;
-                Some(costs.choose(PRIOR_ACCEPTANCE, if ssd_draft.is_some() { opts.spec.k } else { 0 }))
+                let costs = Costs::measure(target_lm.as_mut(), draft_lm, parallel, tree_rows(&opts.spec)).await?;
+                Some(costs.choose(PRIOR_ACCEPTANCE, ssd_candidate(&ssd_draft, &opts.spec)))
             }
             _ => None,
         };
@@ -364,14 +362,12 @@ impl Engine {
             lookup: opts.lookup,
             spec: opts.spec.clone(),
             choice,
-            #[cfg(feature = "native")]
             remote: None,
         })
     }
 
     /// An engine whose target is on a server and whose `draft` runs here; the tokenizer and
     /// chat template are the draft's, so its vocabulary must be the server's.
-    #[cfg(feature = "native")]
     pub async fn with_remote_target(target: crate::remote::RemoteTarget, draft: ModelFile, opts: &EngineOptions) -> Result<Engine> {
         opts.validate()?;
         if opts.lookup.is_some() {
@@ -385,11 +381,12 @@ impl Engine {
         let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
         let slimmed = slimming(&draft, opts).apply(&draft.weights)?;
         let (mut sd_draft, ssd_draft) = draft_runners(&slimmed, capacity, opts, &opts.draft, wants).await?;
-        // The server computes beside the draft, so SSD's overlap is real whatever the draft runs on.
+        // The server computes beside the draft, so SSD's overlap is real wherever the draft
+        // answers on a worker of its own.
         let choice = match (opts.auto && opts.modes.len() != 1, sd_draft.as_deref_mut()) {
             (true, Some(d)) => {
-                let costs = Costs::measure(target_lm.as_mut(), Some(d as &mut dyn Lm), true).await?;
-                Some(costs.choose(PRIOR_ACCEPTANCE, if ssd_draft.is_some() { opts.spec.k } else { 0 }))
+                let costs = Costs::measure(target_lm.as_mut(), Some(d as &mut dyn Lm), true, tree_rows(&opts.spec)).await?;
+                Some(costs.choose(PRIOR_ACCEPTANCE, ssd_candidate(&ssd_draft, &opts.spec)))
             }
             _ => None,
         };
@@ -411,7 +408,6 @@ impl Engine {
     /// A server target returns its `top_n` likeliest tokens per position: sampling from them is
     /// the target's own sampling only when top-k keeps no more than those. (In mode AR the
     /// server samples on its own, from the whole distribution.)
-    #[cfg(feature = "native")]
     fn check_remote_sampling(&self, mode: Mode, sampling: &SamplingParams) -> Result<()> {
         let Some(n) = self.remote.as_ref().map(|r| r.server.options().top_n) else { return Ok(()) };
         if mode == Mode::Ar || sampling.is_greedy() || (1..=n).contains(&sampling.top_k) {
@@ -433,7 +429,8 @@ impl Engine {
     }
 
     /// Use `draft` (a draft in a browser Web Worker) for SSD from now on; `vocab_fingerprint` is
-    /// its tokenizer's [`Tokenizer::vocab_fingerprint`].
+    /// its tokenizer's [`Tokenizer::vocab_fingerprint`]. A measured choice of mode is made again
+    /// with SSD among the candidates, its draft now computing beside the target.
     pub fn set_ssd_draft(&mut self, draft: DraftWorker, vocab_fingerprint: &str) -> Result<()> {
         let ours = self.tokenizer.vocab_fingerprint();
         if ours != vocab_fingerprint {
@@ -443,6 +440,9 @@ impl Engine {
         }
         crate::decode::check_draft(self.target.config(), draft.config())?;
         self.ssd_draft = Some(draft);
+        if let Some(c) = &self.choice {
+            self.choice = Some(c.costs.choose(c.acceptance, ssd_candidate(&self.ssd_draft, &self.spec)));
+        }
         self.separate_draft = true;
         Ok(())
     }
@@ -524,7 +524,6 @@ impl Engine {
     ) -> Result<Completion> {
         opts.validate()?;
         let mode = opts.mode.unwrap_or_else(|| self.default_mode());
-        #[cfg(feature = "native")]
         self.check_remote_sampling(mode, &opts.sampling)?;
         let ids = self.encode(prompt)?;
         let auto = self.choice.as_ref().filter(|_| opts.mode.is_none() && opts.spec.is_none());
@@ -550,7 +549,6 @@ impl Engine {
         let mut stream_err = None;
         // What a generation that fails midway has committed (and streamed) before it failed.
         let mut partial = Vec::new();
-        #[cfg(feature = "native")]
         if let Some(r) = &self.remote {
             r.link.take();
         }
@@ -570,10 +568,9 @@ impl Engine {
         };
         let target: &mut dyn Lm = self.target.as_mut();
         let g = match mode {
-            #[cfg(feature = "native")]
             Mode::Ar if self.remote.is_some() => {
                 let remote = self.remote.as_mut().ok_or_else(|| not_prepared(mode))?;
-                remote.server.generate_on_server(&req, &mut sink)
+                remote.server.generate_on_server(&req, &mut sink).await
             }
             Mode::Ar => generate_ar(target, &req, &mut sink).await,
             Mode::Sd if self.lookup.is_some() => {
@@ -603,7 +600,6 @@ impl Engine {
         if auto.is_some() {
             g.stats.auto = self.choice.clone();
         }
-        #[cfg(feature = "native")]
         if let Some(r) = &self.remote {
             g.stats.remote = Some(r.link.take());
         }
@@ -630,9 +626,20 @@ impl Engine {
             return;
         }
         let a = (choice.acceptance + per_token_acceptance(fraction, spec.k)) / 2.0;
-        let ssd_max_k = if self.ssd_draft.is_some() { self.spec.k } else { 0 };
-        self.choice = Some(choice.costs.choose(a, ssd_max_k));
+        self.choice = Some(choice.costs.choose(a, ssd_candidate(&self.ssd_draft, &self.spec)));
     }
+}
+
+/// SSD as a measured choice considers it (its largest K and fan-out): not without an SSD draft,
+/// nor with an inline one, which speculates only once the verify is over and so adds its whole
+/// cost to every round.
+fn ssd_candidate<'a>(ssd_draft: &Option<DraftWorker>, spec: &'a SpecConfig) -> Option<(usize, &'a Fanout)> {
+    ssd_draft.as_ref().filter(|d| d.is_concurrent()).map(|_| (spec.k, &spec.fanout))
+}
+
+/// The widest tree step SSD runs under `spec`, which the measurement at load times.
+fn tree_rows(spec: &SpecConfig) -> usize {
+    spec.fanout.max_branches(spec.k)
 }
 
 /// Why SSD does not take prompt lookup: a lookup costs nothing, so there is no drafting to

@@ -74,7 +74,6 @@ impl Error {
         Error::InvalidOption { option, reason: reason.into() }
     }
 
-    #[cfg(feature = "native")]
     pub(crate) fn server(message: impl Into<String>) -> Self {
         Error::Server { message: message.into(), partial: Vec::new() }
     }

@@ -13,7 +13,6 @@ pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod model;
-#[cfg(feature = "native")]
 pub mod remote;
 pub mod runtime;
 pub mod sampling;

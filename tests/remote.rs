@@ -83,7 +83,7 @@ impl Drop for Serve {
 fn remote(url: &str, configure: impl FnOnce(&mut RemoteOptions)) -> RemoteTarget {
     let mut opts = RemoteOptions::new(url);
     configure(&mut opts);
-    RemoteTarget::connect(opts, &smol().weights.config).expect("connecting to the server")
+    block_on(RemoteTarget::connect(opts, &smol().weights.config)).expect("connecting to the server")
 }
 
 fn local(capacity: usize) -> BoxedLm {
@@ -210,7 +210,7 @@ fn in_mode_ar_the_server_generates_on_its_own_in_one_request() {
 fn a_draft_with_another_vocabulary_is_refused_at_load() {
     let server = Serve::start(&[]);
     let qwen = util::model(util::QWEN_05B);
-    let target = RemoteTarget::connect(RemoteOptions::new(&server.url), &qwen.weights.config).unwrap();
+    let target = block_on(RemoteTarget::connect(RemoteOptions::new(&server.url), &qwen.weights.config)).unwrap();
     match block_on(Engine::with_remote_target(target, qwen, &engine_options(Mode::Sd))) {
         Err(e) => assert_eq!(e.code(), "vocab_mismatch", "{e}"),
         Ok(_) => panic!("a Qwen draft was accepted for a SmolLM2 server"),

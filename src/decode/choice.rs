@@ -2,12 +2,14 @@
 //! several batch sizes) and draft steps, timed where the models were placed, turned into tokens
 //! per unit of time by the speculation arithmetic. A round of K draft tokens yields on average
 //! `(1 - a^(K+1)) / (1 - a)` tokens at per-token acceptance `a` and costs a verification of K + 1
-//! tokens plus K draft steps (SD), or the verification alone when the draft runs on hardware of
-//! its own and its speculation is usually ready (SSD).
+//! tokens plus K draft steps (SD). SSD's draft runs on hardware of its own: a round costs the
+//! verification or the draft's speculation for the next round (a glue pass and K tree steps over
+//! all the branches), whichever is longer, plus K draft steps on a cache miss.
 
 use serde::Serialize;
 use web_time::Instant;
 
+use super::spec::Fanout;
 use super::Mode;
 use crate::backend::Batch;
 use crate::error::Result;
@@ -33,6 +35,9 @@ pub struct Costs {
     pub verify_ms: Vec<(usize, f64)>,
     /// One draft token (0 for prompt lookup).
     pub draft_step_ms: f64,
+    /// (rows, ms) of a draft forward as wide as SSD's tree steps: timed when the draft runs beside
+    /// the target, else `None` (and SSD is not considered).
+    pub tree_step: Option<(usize, f64)>,
     /// Whether the draft runs beside the target rather than on the same cores (SSD can overlap).
     pub parallel: bool,
 }
@@ -79,7 +84,8 @@ impl Costs {
     /// Time `target` (and `draft`, if a model drafts) over an empty context; both are left empty.
     /// The matmuls, which read every weight whatever the context, dominate a short generation's
     /// steps. The first of the decode's three forwards also pages the weights in.
-    pub async fn measure(target: &mut dyn Lm, draft: Option<&mut dyn Lm>, parallel: bool) -> Result<Costs> {
+    /// `tree_rows`: the widest tree step SSD would run (its fan-out's branches at the largest K).
+    pub async fn measure(target: &mut dyn Lm, draft: Option<&mut dyn Lm>, parallel: bool, tree_rows: usize) -> Result<Costs> {
         target.truncate(0);
         let decode_ms = time_forward(target, 1, 3).await?;
         let mut verify_ms = vec![(1, decode_ms)];
@@ -88,14 +94,20 @@ impl Costs {
             let ms = time_forward(target, n, 2).await?.max(verify_ms.last().map_or(0.0, |v| v.1));
             verify_ms.push((n, ms));
         }
-        let draft_step_ms = match draft {
+        let (draft_step_ms, tree_step) = match draft {
             Some(d) => {
                 d.truncate(0);
-                time_forward(d, 1, 3).await?
+                let step = time_forward(d, 1, 3).await?;
+                let tree = match parallel && tree_rows > 1 {
+                    true => Some((tree_rows, time_forward(d, tree_rows, 2).await?.max(step))),
+                    false => None,
+                };
+                d.truncate(0);
+                (step, tree)
             }
-            None => 0.0,
+            None => (0.0, None),
         };
-        Ok(Costs { decode_ms, verify_ms, draft_step_ms, parallel })
+        Ok(Costs { decode_ms, verify_ms, draft_step_ms, tree_step, parallel })
     }
 
     /// A forward over `n` tokens, interpolated between the timed sizes.
@@ -106,11 +118,23 @@ impl Costs {
         t0 + (t1 - t0) * (n as f64 - n0 as f64) / (n1 - n0) as f64
     }
 
-    /// The fastest of AR, SD with K in 1..=[`MAX_K`] and (when the draft runs beside the target)
-    /// SSD with K up to `ssd_max_k` (0: SSD not available), at per-token acceptance `a`.
-    pub fn choose(&self, a: f64, ssd_max_k: usize) -> Choice {
+    /// A draft forward over `n` rows, on the line through the timed step and tree step (`None`
+    /// when the tree step was not timed).
+    fn draft(&self, n: usize) -> Option<f64> {
+        let (rows, ms) = self.tree_step?;
+        Some(self.draft_step_ms + (ms - self.draft_step_ms) * (n as f64 - 1.0) / (rows as f64 - 1.0))
+    }
+
+    /// The fastest of AR, SD with K in 1..=[`MAX_K`] and (when its draft runs beside the target,
+    /// `ssd` = its largest K and fan-out) SSD, at per-token acceptance `a`.
+    pub fn choose(&self, a: f64, ssd: Option<(usize, &Fanout)>) -> Choice {
         let tokens = |k: usize| (0..=k).map(|i| a.powi(i as i32)).sum::<f64>();
-        let speedup = |k: usize, drafting: f64| tokens(k) * self.decode_ms / (self.verify(k + 1) + k as f64 * drafting);
+        let speedup = |k: usize, round_ms: f64| tokens(k) * self.decode_ms / round_ms;
+        let sd_round = |k: usize| self.verify(k + 1) + k as f64 * self.draft_step_ms;
+        let ssd_round = |k: usize, fanout: &Fanout| {
+            let speculation = self.draft(k + 1)? + k as f64 * self.draft(fanout.max_branches(k))?;
+            Some(self.verify(k + 1).max(speculation) + (1.0 - SSD_HITS) * k as f64 * self.draft_step_ms)
+        };
         let mut best = (Mode::Ar, 1, 1.0);
         let mut consider = |mode: Mode, k: usize, s: f64| {
             let bar = if best.0 == Mode::Ar { best.2 * MARGIN } else { best.2 };
@@ -119,9 +143,14 @@ impl Costs {
             }
         };
         for k in 1..=MAX_K {
-            consider(Mode::Sd, k, speedup(k, self.draft_step_ms));
-            if self.parallel && k <= ssd_max_k {
-                consider(Mode::Ssd, k, speedup(k, (1.0 - SSD_HITS) * self.draft_step_ms));
+            consider(Mode::Sd, k, speedup(k, sd_round(k)));
+            match ssd {
+                Some((max_k, fanout)) if self.parallel && k <= max_k => {
+                    if let Some(ms) = ssd_round(k, fanout) {
+                        consider(Mode::Ssd, k, speedup(k, ms));
+                    }
+                }
+                _ => {}
             }
         }
         Choice { mode: best.0.to_string(), k: best.1, expected_speedup: best.2, acceptance: a, costs: self.clone() }
@@ -132,10 +161,14 @@ impl Costs {
 mod tests {
     use super::*;
 
+    /// A tree step over 15 rows costs twice a draft step where the draft runs beside the target.
     fn costs(verify_per_token: f64, draft_step_ms: f64, parallel: bool) -> Costs {
         let verify_ms = std::iter::once(1).chain(TIMED).map(|n| (n, 10.0 + verify_per_token * (n - 1) as f64)).collect();
-        Costs { decode_ms: 10.0, verify_ms, draft_step_ms, parallel }
+        let tree_step = parallel.then_some((15, 2.0 * draft_step_ms));
+        Costs { decode_ms: 10.0, verify_ms, draft_step_ms, tree_step, parallel }
     }
+
+    const UNIFORM3: Fanout = Fanout::Uniform(3);
 
     #[test]
     fn interpolates_between_timed_sizes() {
@@ -149,18 +182,35 @@ mod tests {
     #[test]
     fn picks_the_fastest_mode_and_never_a_losing_one() {
         // Verification as dear as K + 1 decodes: speculation cannot win.
+        let ssd = Some((4, &UNIFORM3));
         let c = costs(10.0, 2.0, false);
-        assert_eq!(c.choose(0.8, 4).mode(), Mode::Ar);
+        assert_eq!(c.choose(0.8, ssd).mode(), Mode::Ar);
         // Cheap verification and a cheap draft: SD, with a K that balances the two.
-        let choice = costs(2.0, 2.0, false).choose(0.8, 4);
+        let choice = costs(2.0, 2.0, false).choose(0.8, ssd);
         assert_eq!(choice.mode(), Mode::Sd);
         assert!((2..=MAX_K).contains(&choice.k) && choice.expected_speedup > 1.3, "{choice:?}");
-        // A dear draft on the same cores loses; beside the target, SSD hides it.
-        assert_eq!(costs(2.0, 8.0, false).choose(0.8, 4).mode(), Mode::Ar);
-        let ssd = costs(2.0, 8.0, true).choose(0.8, 4);
-        assert_eq!(ssd.mode(), Mode::Ssd);
-        assert!(ssd.k <= 4);
+        // A dear draft on the same cores loses.
+        assert_eq!(costs(2.0, 8.0, false).choose(0.8, ssd).mode(), Mode::Ar);
+        // A cheap draft: SD on the same cores; beside the target SSD hides its speculation
+        // behind the verification.
+        assert_eq!(costs(2.0, 3.0, false).choose(0.8, ssd).mode(), Mode::Sd);
+        let hidden = costs(2.0, 3.0, true).choose(0.8, ssd);
+        assert_eq!(hidden.mode(), Mode::Ssd);
+        assert!(hidden.k <= 4);
         // Poor acceptance makes speculation pointless.
-        assert_eq!(costs(2.0, 2.0, false).choose(0.1, 4).mode(), Mode::Ar);
+        assert_eq!(costs(2.0, 2.0, false).choose(0.1, ssd).mode(), Mode::Ar);
+    }
+
+    #[test]
+    fn ssd_is_not_chosen_when_its_speculation_outlasts_the_verification() {
+        // A draft as dear as the target (a model drafting for itself beside a fast server):
+        // the tree steps take longer than the verification they should hide behind.
+        // A draft at half a decode whose 15-row tree step costs four of its steps, beside a cheap
+        // verification (a small model on a fast server): SD beats AR, SSD does not.
+        let c = Costs { tree_step: Some((15, 20.0)), ..costs(1.0, 5.0, true) };
+        assert_eq!(c.choose(0.9, Some((4, &UNIFORM3))).mode(), Mode::Sd);
+        // Speculation not timed: SSD cannot be judged, so it is not chosen.
+        let untimed = Costs { tree_step: None, ..costs(2.0, 3.0, true) };
+        assert_ne!(untimed.choose(0.8, Some((4, &UNIFORM3))).mode(), Mode::Ssd);
     }
 }

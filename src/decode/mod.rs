@@ -167,7 +167,6 @@ pub struct Stats {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auto: Option<Choice>,
     /// With a target on a server: what its requests cost.
-    #[cfg(feature = "native")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote: Option<crate::remote::RemoteStats>,
 }

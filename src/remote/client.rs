@@ -15,6 +15,7 @@ use serde::Serialize;
 use web_time::Instant;
 
 use super::protocol::{ErrorBody, GenerateRequest, GenerateResponse, ModelInfo, TokenLogprob, WireSampling};
+use super::transport::{HttpRequest, Transport};
 use crate::backend::Batch;
 use crate::decode::{elapsed_ms, Generation, Output, Request, Sink, Stats};
 use crate::error::{Error, Result};
@@ -82,12 +83,12 @@ impl RemoteLink {
     }
 }
 
-/// Largest error answer read; error bodies are a line of JSON.
-const MAX_ERROR_BODY: u64 = 64 * 1024;
+/// Largest answer read where a small one is expected: model info, error bodies (a line of JSON).
+const SMALL_ANSWER: u64 = 64 * 1024;
 
 /// A target model on a server.
 pub struct RemoteTarget {
-    agent: ureq::Agent,
+    transport: Arc<dyn Transport>,
     opts: RemoteOptions,
     info: ModelInfo,
     config: ModelConfig,
@@ -105,23 +106,25 @@ enum Attempt {
 }
 
 impl RemoteTarget {
-    /// Ask the server at `opts.url` what it serves. `draft` is the local draft's shape: a remote
-    /// target's shape is its server's business, so it stands in where one is needed, with the
-    /// server's vocabulary size and context length when the server says them.
-    pub fn connect(opts: RemoteOptions, draft: &ModelConfig) -> Result<RemoteTarget> {
+    /// Ask the server at `opts.url` what it serves, over ureq.
+    #[cfg(feature = "native")]
+    pub async fn connect(opts: RemoteOptions, draft: &ModelConfig) -> Result<RemoteTarget> {
+        Self::connect_with(opts, Arc::new(super::transport::Ureq::default()), draft).await
+    }
+
+    /// Ask the server at `opts.url` what it serves, sending requests through `transport`.
+    /// `draft` is the local draft's shape: a remote target's shape is its server's business, so
+    /// it stands in where one is needed, with the server's vocabulary size and context length
+    /// when the server says them.
+    pub async fn connect_with(opts: RemoteOptions, transport: Arc<dyn Transport>, draft: &ModelConfig) -> Result<RemoteTarget> {
         if opts.top_n == 0 {
             return Err(Error::option("server_top_n", "must be at least 1"));
         }
         if !opts.url.starts_with("http://") {
             return Err(Error::option("target", format!("'{}': a server is given as http://HOST:PORT", opts.url)));
         }
-        let config = ureq::Agent::config_builder()
-            .timeout_global(Some(opts.timeout))
-            .http_status_as_error(false)
-            .build();
-        let agent = ureq::Agent::new_with_config(config);
         let mut target = RemoteTarget {
-            agent,
+            transport,
             opts,
             info: ModelInfo::default(),
             config: draft.clone(),
@@ -129,7 +132,7 @@ impl RemoteTarget {
             written: Vec::new(),
             link: RemoteLink::default(),
         };
-        let info: ModelInfo = target.call("GET", "/get_model_info", None, MAX_ERROR_BODY)?;
+        let info: ModelInfo = target.call("/get_model_info", None, SMALL_ANSWER).await?;
         if let Some(v) = info.vocab_size {
             target.config.vocab_size = v;
         }
@@ -151,7 +154,7 @@ impl RemoteTarget {
     /// A second handle on the same server, counting into the same [`RemoteLink`].
     pub fn fork(&self) -> RemoteTarget {
         RemoteTarget {
-            agent: self.agent.clone(),
+            transport: self.transport.clone(),
             opts: self.opts.clone(),
             info: self.info.clone(),
             config: self.config.clone(),
@@ -163,7 +166,7 @@ impl RemoteTarget {
 
     /// Remote AR: the server generates `req` on its own in one request, with its own sampling
     /// (the whole distribution, so any top-k and top-p), and the tokens arrive together.
-    pub fn generate_on_server(&mut self, req: &Request, sink: Sink<'_>) -> Result<Generation> {
+    pub async fn generate_on_server(&mut self, req: &Request, sink: Sink<'_>) -> Result<Generation> {
         let room = req.validate(self, 0)?;
         let p = &req.sampling;
         let wire = GenerateRequest {
@@ -184,7 +187,7 @@ impl RemoteTarget {
         let body = serde_json::to_vec(&wire).map_err(|e| Error::server(format!("request not encoded: {e}")))?;
         let t = Instant::now();
         let limit = (64 * 1024 + wire.sampling_params.max_new_tokens * 16) as u64;
-        let resp: GenerateResponse = self.call("POST", "/generate", Some(&body), limit)?;
+        let resp: GenerateResponse = self.call("/generate", Some(&body), limit).await?;
         let ms = elapsed_ms(t);
         let meta = &resp.meta_info;
         self.link.update(|s| {
@@ -224,12 +227,13 @@ impl RemoteTarget {
         }
     }
 
-    /// One request, sent again on a transient failure up to `retries` times with a doubling wait.
-    fn call<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<&[u8]>, limit: u64) -> Result<T> {
+    /// One request (a POST of `body`, or a GET), sent again on a transient failure up to
+    /// `retries` times with a doubling wait.
+    async fn call<T: DeserializeOwned>(&self, path: &str, body: Option<&[u8]>, limit: u64) -> Result<T> {
         let mut wait = self.opts.backoff;
         let mut attempt = 0;
         loop {
-            match self.attempt(method, path, body, limit) {
+            match self.attempt(path, body, limit).await {
                 Ok(v) => return Ok(v),
                 Err(Attempt::Permanent(m)) => return Err(Error::server(format!("{} {path}: {m}", self.opts.url))),
                 Err(Attempt::Transient(m)) if attempt >= self.opts.retries => {
@@ -238,7 +242,7 @@ impl RemoteTarget {
                 }
                 Err(Attempt::Transient(_)) => {
                     self.link.update(|s| s.retries += 1);
-                    std::thread::sleep(wait);
+                    self.transport.sleep(wait).await;
                     wait = wait.saturating_mul(2);
                     attempt += 1;
                 }
@@ -246,29 +250,25 @@ impl RemoteTarget {
         }
     }
 
-    fn attempt<T: DeserializeOwned>(&self, method: &str, path: &str, body: Option<&[u8]>, limit: u64) -> Result<T, Attempt> {
+    async fn attempt<T: DeserializeOwned>(&self, path: &str, body: Option<&[u8]>, limit: u64) -> Result<T, Attempt> {
         let url = format!("{}{path}", self.opts.url);
         let t = Instant::now();
-        let sent = match (method, body) {
-            ("POST", Some(b)) => self.agent.post(&url).header("Content-Type", "application/json").send(b),
-            _ => self.agent.get(&url).call(),
-        };
-        let mut resp = sent.map_err(|e| Attempt::Transient(e.to_string()))?;
-        let status = resp.status().as_u16();
+        let req = HttpRequest { url: &url, body, limit, timeout: self.opts.timeout };
+        let resp = self.transport.request(req).await.map_err(Attempt::Transient)?;
+        let status = resp.status;
         if !(200..300).contains(&status) {
-            let text = resp.body_mut().with_config().limit(MAX_ERROR_BODY).read_to_string().unwrap_or_default();
-            let message = serde_json::from_str::<ErrorBody>(&text).map(|e| e.error.message).unwrap_or(text);
+            let text = String::from_utf8_lossy(&resp.body);
+            let message = serde_json::from_str::<ErrorBody>(&text).map(|e| e.error.message).unwrap_or_else(|_| text.into());
             let m = format!("HTTP {status}: {message}");
             // The server may recover from its own failure (5xx) and from being busy (429).
             return Err(if status >= 500 || status == 429 { Attempt::Transient(m) } else { Attempt::Permanent(m) });
         }
-        let bytes = resp.body_mut().with_config().limit(limit).read_to_vec().map_err(|e| Attempt::Transient(e.to_string()))?;
-        let value = serde_json::from_slice(&bytes).map_err(|e| Attempt::Transient(format!("unreadable answer: {e}")))?;
+        let value = serde_json::from_slice(&resp.body).map_err(|e| Attempt::Transient(format!("unreadable answer: {e}")))?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         let sent = body.map_or(0, |b| b.len()) as u64;
         self.link.update(|s| {
             s.bytes_sent += sent;
-            s.bytes_received += bytes.len() as u64;
+            s.bytes_received += resp.body.len() as u64;
             s.round_trip_ms += ms;
         });
         Ok(value)
@@ -276,7 +276,7 @@ impl RemoteTarget {
 
     /// Run `tokens` after the committed sequence and return, for each of `rows` (indices into
     /// `tokens`), the server's `n` most likely next tokens after that row, most likely first.
-    fn score(&mut self, batch: &Batch, rows: &[u32], n: usize) -> Result<Vec<Vec<TokenLogprob>>> {
+    async fn score(&mut self, batch: &Batch, rows: &[u32], n: usize) -> Result<Vec<Vec<TokenLogprob>>> {
         // A failed forward leaves nothing for `advance` to commit.
         self.written.clear();
         let len = self.committed.len();
@@ -303,7 +303,7 @@ impl RemoteTarget {
         // Each position's entries are a few dozen bytes; the text field is null.
         let limit = (64 * 1024 + (total - start + 1) * n * 96) as u64;
         let t = Instant::now();
-        let resp: GenerateResponse = self.call("POST", "/generate", Some(&body), limit)?;
+        let resp: GenerateResponse = self.call("/generate", Some(&body), limit).await?;
         let round_trip = t.elapsed().as_secs_f64() * 1000.0;
         let meta = &resp.meta_info;
         self.link.update(|s| {
@@ -375,7 +375,7 @@ impl Lm for RemoteTarget {
     /// constant per row, which softmax ignores); the tokens not returned get -inf.
     fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
         Box::pin(async move {
-            let top = self.score(batch, out_rows, self.opts.top_n)?;
+            let top = self.score(batch, out_rows, self.opts.top_n).await?;
             let vocab = self.config.vocab_size;
             let mut logits = vec![f32::NEG_INFINITY; top.len() * vocab];
             for (row, entries) in logits.chunks_exact_mut(vocab).zip(&top) {
@@ -387,6 +387,6 @@ impl Lm for RemoteTarget {
         })
     }
     fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
-        Box::pin(async move { Ok(self.score(batch, out_rows, 1)?.iter().map(|t| t[0].1).collect()) })
+        Box::pin(async move { Ok(self.score(batch, out_rows, 1).await?.iter().map(|t| t[0].1).collect()) })
     }
 }

@@ -9,6 +9,7 @@
 //! Errors cross as JS `Error`s with a `code` ([`Error::code`]).
 
 mod channel;
+mod fetch;
 mod options;
 
 use std::cell::RefCell;
@@ -28,6 +29,7 @@ use crate::engine::Engine;
 use crate::error::Error;
 use crate::model::load::{from_gguf, ModelFile};
 use crate::model::runner::BoxedLm;
+use crate::remote::RemoteTarget;
 
 use options::{GenerateOpts, LoadOpts};
 
@@ -200,6 +202,32 @@ impl WasmEngine {
             .map_err(|e| js_error(&e))?;
             Ok(WasmEngine { engine: Held::new(engine), draft: RefCell::new(None) }.into())
         })
+    }
+
+    /// The target on a server, `target` = {server, topN, timeoutMs, retries}; the draft here
+    /// (its tokenizer is the engine's). Resolves to a `WasmEngine`.
+    #[wasm_bindgen(js_name = loadRemote)]
+    pub fn load_remote(target: JsValue, draft: ModelBuffer, opts: JsValue) -> Promise {
+        install_panic_hook();
+        future_to_promise(async move {
+            let server: options::ServerTarget = options::parse(target)?;
+            let remote = server.remote_options()?;
+            let opts: LoadOpts = options::parse(opts)?;
+            let engine_opts = opts.engine_options()?;
+            let draft = draft.parse()?;
+            let target = RemoteTarget::connect_with(remote, Arc::new(fetch::Fetch), &draft.weights.config)
+                .await
+                .map_err(|e| js_error(&e))?;
+            let engine = Engine::with_remote_target(target, draft, &engine_opts).await.map_err(|e| js_error(&e))?;
+            Ok(WasmEngine { engine: Held::new(engine), draft: RefCell::new(None) }.into())
+        })
+    }
+
+    /// Check a server target's fields before any model is fetched.
+    #[wasm_bindgen(js_name = checkServer)]
+    pub fn check_server(target: JsValue) -> Result<(), JsValue> {
+        let server: options::ServerTarget = options::parse(target)?;
+        server.remote_options().map(drop)
     }
 
     /// Check load options (as [`WasmEngine::load`] takes them) before any model is fetched.

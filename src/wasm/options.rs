@@ -11,6 +11,7 @@ use crate::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig};
 use crate::engine::{Device, EngineOptions, GenerateOptions, Prompt};
 use crate::model::config::ModelConfig;
 use crate::model::tokenizer::ChatMessage;
+use crate::remote::RemoteOptions;
 use crate::sampling::SamplingParams;
 
 fn invalid(msg: String) -> JsValue {
@@ -86,8 +87,10 @@ impl LoadOpts {
             draft: device(self.draft_backend.as_deref(), "draftBackend", Precision::Fast)?,
             spec: spec(self.spec_k, self.fanout.as_deref(), self.backup.as_deref())?,
             context,
+            // AR needs no draft and is always there: with it listed, a local SD draft makes the
+            // engine measure and choose its default mode (again once SSD's draft worker attaches).
             // Ar alone prepares no local draft at all: the draft then lives in its worker.
-            modes: if modes.is_empty() { vec![Mode::Ar] } else { modes },
+            modes: std::iter::once(Mode::Ar).chain(modes.into_iter().filter(|&m| m != Mode::Ar)).collect(),
             ssd_thread: false,
             lookup: self.prompt_lookup.unwrap_or(false).then(NgramConfig::default),
             auto: true,
@@ -96,6 +99,41 @@ impl LoadOpts {
             draft_quant: None,
             draft_head: None,
         })
+    }
+}
+
+/// A target on a server: `{server: 'http://HOST:PORT', topN, timeoutMs, retries}`.
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServerTarget {
+    server: String,
+    top_n: Option<usize>,
+    timeout_ms: Option<f64>,
+    retries: Option<u32>,
+}
+
+impl ServerTarget {
+    pub fn remote_options(&self) -> Result<RemoteOptions, JsValue> {
+        let mut o = RemoteOptions::new(&self.server);
+        if !o.url.starts_with("http://") {
+            return Err(invalid(format!("target.server: '{}' is not a server address (http://HOST:PORT)", self.server)));
+        }
+        if let Some(n) = self.top_n {
+            if n == 0 {
+                return Err(invalid("target.topN: must be at least 1".into()));
+            }
+            o.top_n = n;
+        }
+        if let Some(ms) = self.timeout_ms {
+            if !(ms.is_finite() && ms > 0.0) {
+                return Err(invalid(format!("target.timeoutMs: must be a positive number of milliseconds, got {ms}")));
+            }
+            o.timeout = std::time::Duration::from_secs_f64(ms / 1000.0);
+        }
+        if let Some(r) = self.retries {
+            o.retries = r;
+        }
+        Ok(o)
     }
 }
 

@@ -276,7 +276,7 @@ impl EngineArgs {
             top_n: self.server_top_n,
             ..RemoteOptions::new(url)
         };
-        let target = RemoteTarget::connect(remote, &draft.weights.config)?;
+        let target = block_on(RemoteTarget::connect(remote, &draft.weights.config))?;
         eprintln!("target: {} at {url}", target.info().model_path);
         block_on(Engine::with_remote_target(target, draft, opts))
     }
