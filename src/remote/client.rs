@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use web_time::Instant;
 
-use super::protocol::{ErrorBody, GenerateRequest, GenerateResponse, ModelInfo, TokenLogprob, WireSampling};
+use super::protocol::{ErrorBody, GenerateRequest, GenerateResponse, MetaInfo, ModelInfo, TokenLogprob, WireSampling};
 use super::transport::{HttpRequest, Transport};
 use crate::backend::Batch;
 use crate::decode::{elapsed_ms, Generation, Output, Request, Sink, Stats};
@@ -165,7 +165,9 @@ impl RemoteTarget {
     }
 
     /// Remote AR: the server generates `req` on its own in one request, with its own sampling
-    /// (the whole distribution, so any top-k and top-p), and the tokens arrive together.
+    /// (the whole distribution, so any top-k and top-p), its tokens streamed to `sink` as server-
+    /// sent events as the server draws them. Sent again after a failure only while no token has
+    /// arrived: streamed tokens cannot be taken back.
     pub async fn generate_on_server(&mut self, req: &Request, sink: Sink<'_>) -> Result<Generation> {
         let room = req.validate(self, 0)?;
         let p = &req.sampling;
@@ -183,29 +185,61 @@ impl RemoteTarget {
             logprob_start_len: -1,
             top_logprobs_num: 0,
             rid: None,
+            stream: true,
         };
         let body = serde_json::to_vec(&wire).map_err(|e| Error::server(format!("request not encoded: {e}")))?;
+        // An event is a token and an empty meta_info; the last one, the whole meta_info.
+        let limit = (64 * 1024 + wire.sampling_params.max_new_tokens * 512) as u64;
+        let url = format!("{}/generate", self.opts.url);
         let t = Instant::now();
-        let limit = (64 * 1024 + wire.sampling_params.max_new_tokens * 16) as u64;
-        let resp: GenerateResponse = self.call("/generate", Some(&body), limit).await?;
+        let mut events = Events::new(Output::new(req, room, sink), self.config.vocab_size);
+        let mut wait = self.opts.backoff;
+        let mut attempt = 0;
+        let failure = loop {
+            let on_piece = &mut |piece: &[u8]| events.feed(piece);
+            let http = HttpRequest { url: &url, body: Some(&body), limit, timeout: self.opts.timeout, on_piece: Some(on_piece) };
+            let failure = match self.transport.request(http).await {
+                Ok(r) if (200..300).contains(&r.status) => {
+                    self.link.update(|s| {
+                        s.bytes_sent += body.len() as u64;
+                        s.bytes_received += r.body.len() as u64;
+                    });
+                    break events.failure.take().or_else(|| {
+                        (!events.done && !events.out.done()).then(|| "the event stream ended before [DONE]".to_string())
+                    });
+                }
+                Ok(r) => {
+                    let text = String::from_utf8_lossy(&r.body);
+                    let message = serde_json::from_str::<ErrorBody>(&text).map(|e| e.error.message).unwrap_or_else(|_| text.into());
+                    (format!("HTTP {}: {message}", r.status), r.status >= 500 || r.status == 429)
+                }
+                Err(m) => (m, true),
+            };
+            let (message, transient) = failure;
+            if !transient || attempt >= self.opts.retries || !events.out.tokens.is_empty() {
+                break Some(format!("{message} (after {} attempts)", attempt + 1));
+            }
+            self.link.update(|s| s.retries += 1);
+            self.transport.sleep(wait).await;
+            wait = wait.saturating_mul(2);
+            attempt += 1;
+        };
         let ms = elapsed_ms(t);
-        let meta = &resp.meta_info;
+        let meta = events.meta.take().unwrap_or_default();
         self.link.update(|s| {
             s.round_trips += 1;
+            s.round_trip_ms += ms;
             s.server_ms += meta.e2e_latency.map_or(ms, |secs| secs * 1000.0);
             s.cached_tokens += meta.cached_tokens;
             s.input_tokens += req.prompt.len();
         });
-        let vocab = self.config.vocab_size;
-        if let Some(t) = resp.output_ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::server(format!("the answer names token {t} outside the vocabulary of {vocab}")));
+        if let Some(m) = failure {
+            return Err(Error::server(format!("{url}: {m}")));
         }
-        let mut out = Output::new(req, room, sink);
-        out.push(&resp.output_ids);
         let mut stats = Stats { mode: "ar".into(), prompt_tokens: req.prompt.len(), rounds: 1, ..Stats::default() };
         stats.target_busy_ms = ms;
-        stats.finish(out.tokens.len(), ms);
-        Ok(out.into_generation(stats))
+        stats.finish(events.out.tokens.len(), ms);
+        Ok(events.out.into_generation(stats))
     }
 
     /// The counters of this target's requests.
@@ -253,7 +287,7 @@ impl RemoteTarget {
     async fn attempt<T: DeserializeOwned>(&self, path: &str, body: Option<&[u8]>, limit: u64) -> Result<T, Attempt> {
         let url = format!("{}{path}", self.opts.url);
         let t = Instant::now();
-        let req = HttpRequest { url: &url, body, limit, timeout: self.opts.timeout };
+        let req = HttpRequest { url: &url, body, limit, timeout: self.opts.timeout, on_piece: None };
         let resp = self.transport.request(req).await.map_err(Attempt::Transient)?;
         let status = resp.status;
         if !(200..300).contains(&status) {
@@ -298,6 +332,7 @@ impl RemoteTarget {
             logprob_start_len: start as i64,
             top_logprobs_num: n,
             rid: None,
+            stream: false,
         };
         let body = serde_json::to_vec(&req).map_err(|e| Error::server(format!("request not encoded: {e}")))?;
         // Each position's entries are a few dozen bytes; the text field is null.
@@ -331,6 +366,81 @@ impl RemoteTarget {
                 Ok(top.iter().take(n).cloned().collect())
             })
             .collect()
+    }
+}
+
+/// Remote AR's answer as it streams in: server-sent events, `data: {GenerateResponse}` per token
+/// (all output ids so far, as SGLang sends them, or only the new ones, as `saguaro serve` does:
+/// `meta_info.completion_tokens` tells which), then `data: [DONE]`.
+struct Events<'a> {
+    out: Output<'a>,
+    vocab: usize,
+    /// The bytes of a line not yet complete.
+    line: Vec<u8>,
+    /// Output ids the server has sent so far.
+    seen: usize,
+    /// The last event's meta_info (the whole answer's, once it ends).
+    meta: Option<MetaInfo>,
+    done: bool,
+    failure: Option<String>,
+}
+
+impl<'a> Events<'a> {
+    fn new(out: Output<'a>, vocab: usize) -> Self {
+        Events { out, vocab, line: Vec::new(), seen: 0, meta: None, done: false, failure: None }
+    }
+
+    /// Take the next piece of the body; `false` once nothing more is wanted from it.
+    fn feed(&mut self, piece: &[u8]) -> bool {
+        for &b in piece {
+            if b != b'\n' {
+                self.line.push(b);
+                continue;
+            }
+            let line = std::mem::take(&mut self.line);
+            if let Some(data) = line.strip_prefix(b"data:") {
+                self.event(data.trim_ascii());
+            }
+            if self.done || self.failure.is_some() || self.out.done() {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn event(&mut self, data: &[u8]) {
+        if data == b"[DONE]" {
+            self.done = true;
+            return;
+        }
+        if let Ok(e) = serde_json::from_slice::<ErrorBody>(data) {
+            self.failure = Some(format!("the server failed midway: {}", e.error.message));
+            return;
+        }
+        let resp: GenerateResponse = match serde_json::from_slice(data) {
+            Ok(r) => r,
+            Err(e) => {
+                self.failure = Some(format!("unreadable event: {e}"));
+                return;
+            }
+        };
+        let total = resp.meta_info.completion_tokens;
+        let ids = &resp.output_ids;
+        let new = if total == self.seen + ids.len() {
+            &ids[..]
+        } else if total == ids.len() && total >= self.seen && ids.len() >= self.seen {
+            &ids[self.seen..]
+        } else {
+            self.failure = Some(format!("an event of {} ids after {} does not add up to its {total} tokens", ids.len(), self.seen));
+            return;
+        };
+        if let Some(t) = new.iter().find(|&&t| t as usize >= self.vocab) {
+            self.failure = Some(format!("the answer names token {t} outside the vocabulary of {}", self.vocab));
+            return;
+        }
+        self.seen += new.len();
+        self.out.push(new);
+        self.meta = Some(resp.meta_info);
     }
 }
 

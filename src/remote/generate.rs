@@ -54,8 +54,13 @@ fn logprob(logit: f32, lse: f64) -> f32 {
     }
 }
 
-/// Answer `req` on `model`.
-pub fn answer(model: &mut dyn PrefixModel, req: &GenerateRequest, limits: &Limits) -> Result<GenerateResponse, Refusal> {
+/// Answer `req` on `model`, handing each output token to `emit` as soon as it is drawn.
+pub fn answer(
+    model: &mut dyn PrefixModel,
+    req: &GenerateRequest,
+    limits: &Limits,
+    emit: &mut dyn FnMut(u32),
+) -> Result<GenerateResponse, Refusal> {
     let t0 = Instant::now();
     let bad = |m: String| Err(Refusal::BadRequest(m));
     let input = &req.input_ids;
@@ -129,6 +134,7 @@ pub fn answer(model: &mut dyn PrefixModel, req: &GenerateRequest, limits: &Limit
             meta.output_top_logprobs.push(Some(top));
         }
         output.push(next);
+        emit(next);
         finish = FinishReason::Length { length: output.len() };
         if s.stop_token_ids.contains(&next) {
             finish = FinishReason::Stop { matched: next };

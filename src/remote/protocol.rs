@@ -51,6 +51,11 @@ pub struct GenerateRequest {
     pub top_logprobs_num: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rid: Option<String>,
+    /// Answer as server-sent events, `data: {GenerateResponse}` per token and `data: [DONE]`.
+    /// SGLang's events carry all output ids so far, `saguaro serve`'s only the new ones (as SGLang
+    /// with `--incremental-streaming-output`); `meta_info.completion_tokens` tells which.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream: bool,
 }
 
 fn only_output() -> i64 {

@@ -3,11 +3,12 @@
 //! holds one of them, not the server); the model runs them one at a time on the calling thread.
 //! Every limit answers with a JSON error and the server stays up: bodies over the size limit
 //! (413), a full queue (503), a request that waited or ran past the time limit (504).
+//! A `stream` request is answered as server-sent events, one per token as the model draws it.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use tiny_http::{Header, Method, Request, Response, Server};
 
 use super::generate::{answer, Limits, Refusal};
 use super::prefix::PrefixModel;
-use super::protocol::{ErrorBody, ErrorDetail, GenerateRequest, GenerateResponse, ModelInfo};
+use super::protocol::{ErrorBody, ErrorDetail, GenerateRequest, GenerateResponse, MetaInfo, ModelInfo};
 use crate::error::{Error, Result};
 
 #[derive(Clone, Debug)]
@@ -48,7 +49,16 @@ impl Default for ServeOptions {
 struct Job {
     req: GenerateRequest,
     deadline: Instant,
-    reply: SyncSender<std::result::Result<GenerateResponse, Refusal>>,
+    /// Unbounded, so a slow client never holds up the model: a generation's events are bounded
+    /// by its token limit.
+    events: Sender<Event>,
+}
+
+/// What the model thread tells a reader: each token as drawn (streamed requests only), then the
+/// whole answer.
+enum Event {
+    Token(u32),
+    Done(std::result::Result<GenerateResponse, Refusal>),
 }
 
 /// What `/health` counts.
@@ -108,12 +118,18 @@ fn run_model(model: &mut dyn PrefixModel, queue: Receiver<Job>, counters: &Count
             Err(Refusal::Failed("the request waited past the time limit".into()))
         } else {
             let left = job.deadline.saturating_duration_since(Instant::now());
-            answer(model, &job.req, &Limits { time: left.min(limits.time), ..limits.clone() })
+            let limits = Limits { time: left.min(limits.time), ..limits.clone() };
+            let stream = job.req.stream;
+            answer(model, &job.req, &limits, &mut |t| {
+                if stream {
+                    let _ = job.events.send(Event::Token(t));
+                }
+            })
         };
         counters.forwards.store(model.forwards(), Ordering::Relaxed);
         counters.sessions.store(model.sessions() as u64, Ordering::Relaxed);
         // The reader may have given up on it; nothing is left to do then.
-        let _ = job.reply.send(result);
+        let _ = job.events.send(Event::Done(result));
     }
 }
 
@@ -121,21 +137,107 @@ fn header(name: &str, value: &str) -> Header {
     Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("ASCII header")
 }
 
+/// Browsers may call from any origin: the server holds no credentials.
+const CORS: [(&str, &str); 4] = [
+    ("Access-Control-Allow-Origin", "*"),
+    ("Access-Control-Allow-Methods", "GET, POST, OPTIONS"),
+    ("Access-Control-Allow-Headers", "Content-Type"),
+    ("Access-Control-Max-Age", "600"),
+];
+
 fn respond(req: Request, status: u16, body: Vec<u8>) {
-    let resp = Response::from_data(body)
-        .with_status_code(status)
-        .with_header(header("Content-Type", "application/json"))
-        .with_header(header("Access-Control-Allow-Origin", "*"))
-        .with_header(header("Access-Control-Allow-Methods", "GET, POST, OPTIONS"))
-        .with_header(header("Access-Control-Allow-Headers", "Content-Type"))
-        .with_header(header("Access-Control-Max-Age", "600"));
+    let resp = CORS
+        .iter()
+        .fold(Response::from_data(body).with_header(header("Content-Type", "application/json")), |r, (k, v)| {
+            r.with_header(header(k, v))
+        })
+        .with_status_code(status);
     // A client that hung up gets no answer; the server carries on.
     let _ = req.respond(resp);
 }
 
+/// The next event for this reader, or why none came before `deadline`.
+fn next_event(events: &Receiver<Event>, deadline: Instant, timeout: Duration) -> std::result::Result<Event, (u16, String)> {
+    match events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(e) => Ok(e),
+        Err(RecvTimeoutError::Timeout) => Err((504, format!("no answer within the time limit of {timeout:?}"))),
+        Err(RecvTimeoutError::Disconnected) => Err((500, "the model dropped the request".into())),
+    }
+}
+
+fn refusal(r: Refusal) -> (u16, String) {
+    match r {
+        Refusal::BadRequest(m) => (400, m),
+        Refusal::Failed(m) => (500, m),
+    }
+}
+
+/// Answer a `stream` request as server-sent events in a chunked body written by hand (tiny_http
+/// buffers its own chunks, which would hold tokens back): each token as the model draws it, the
+/// whole answer's `meta_info` last, then `[DONE]`. A failure before the first token is a plain
+/// error answer; one after it, an error event.
+fn stream_events(req: Request, events: &Receiver<Event>, deadline: Instant, timeout: Duration) {
+    let first = match next_event(events, deadline, timeout) {
+        Ok(Event::Done(Err(r))) => {
+            let (status, m) = refusal(r);
+            return error(req, status, m);
+        }
+        Err((status, m)) => return error(req, status, m),
+        Ok(e) => e,
+    };
+    let mut w = req.into_writer();
+    let mut head = String::from("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n");
+    for (k, v) in CORS {
+        head += &format!("{k}: {v}\r\n");
+    }
+    head += "\r\n";
+    let event = |w: &mut dyn Write, data: &[u8]| -> std::io::Result<()> {
+        let len = data.len() + 8;
+        write!(w, "{len:x}\r\ndata: ")?;
+        w.write_all(data)?;
+        w.write_all(b"\n\n\r\n")?;
+        w.flush()
+    };
+    let _ = (|| -> std::io::Result<()> {
+        w.write_all(head.as_bytes())?;
+        let mut sent = 0;
+        let mut next = Ok(first);
+        loop {
+            let data = match next {
+                Ok(Event::Token(t)) => {
+                    sent += 1;
+                    let meta = MetaInfo { completion_tokens: sent, ..MetaInfo::default() };
+                    encode(&GenerateResponse { text: String::new(), output_ids: vec![t], meta_info: meta })
+                }
+                Ok(Event::Done(Ok(resp))) => {
+                    event(&mut w, &encode(&GenerateResponse { output_ids: Vec::new(), ..resp }))?;
+                    break;
+                }
+                Ok(Event::Done(Err(r))) => {
+                    let (code, message) = refusal(r);
+                    event(&mut w, &encode(&ErrorBody { error: ErrorDetail { message, code } }))?;
+                    break;
+                }
+                Err((code, message)) => {
+                    event(&mut w, &encode(&ErrorBody { error: ErrorDetail { message, code } }))?;
+                    break;
+                }
+            };
+            event(&mut w, &data)?;
+            next = next_event(events, deadline, timeout);
+        }
+        event(&mut w, b"[DONE]")?;
+        w.write_all(b"0\r\n\r\n")?;
+        w.flush()
+    })();
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec())
+}
+
 fn json<T: serde::Serialize>(req: Request, status: u16, value: &T) {
-    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
-    respond(req, status, body);
+    respond(req, status, encode(value));
 }
 
 fn error(req: Request, status: u16, message: impl Into<String>) {
@@ -167,18 +269,24 @@ fn handle(mut req: Request, jobs: &SyncSender<Job>, counters: &Counters, info: &
                 Ok(r) => r,
                 Err(e) => return error(req, 400, format!("malformed request: {e}")),
             };
-            let (reply, answer) = mpsc::sync_channel(1);
-            match jobs.try_send(Job { req: parsed, deadline, reply }) {
+            let stream = parsed.stream;
+            let (sender, events) = mpsc::channel();
+            match jobs.try_send(Job { req: parsed, deadline, events: sender }) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) => return error(req, 503, "the server is busy: its queue is full"),
                 Err(TrySendError::Disconnected(_)) => return error(req, 503, "the model has stopped"),
             }
-            match answer.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(Ok(resp)) => json(req, 200, &resp),
-                Ok(Err(Refusal::BadRequest(m))) => error(req, 400, m),
-                Ok(Err(Refusal::Failed(m))) => error(req, 500, m),
-                Err(RecvTimeoutError::Timeout) => error(req, 504, format!("no answer within the time limit of {:?}", opts.timeout)),
-                Err(RecvTimeoutError::Disconnected) => error(req, 500, "the model dropped the request"),
+            if stream {
+                return stream_events(req, &events, deadline, opts.timeout);
+            }
+            match next_event(&events, deadline, opts.timeout) {
+                Ok(Event::Done(Ok(resp))) => json(req, 200, &resp),
+                Ok(Event::Done(Err(r))) => {
+                    let (status, m) = refusal(r);
+                    error(req, status, m)
+                }
+                Ok(Event::Token(_)) => error(req, 500, "the model streamed an answer nobody asked to stream"),
+                Err((status, m)) => error(req, status, m),
             }
         }
         (method, "/health" | "/get_model_info" | "/generate") => error(req, 405, format!("{method} is not allowed on {path}")),

@@ -14,6 +14,9 @@ pub struct HttpRequest<'a> {
     pub limit: u64,
     /// Limit on the whole request, from connecting to the answer's last byte.
     pub timeout: Duration,
+    /// Called with each piece of a successful answer as it arrives (a stream of events);
+    /// returning `false` stops reading, and the answer ends there.
+    pub on_piece: Option<&'a mut dyn FnMut(&[u8]) -> bool>,
 }
 
 /// An answer of any status, its body read whole.
@@ -45,7 +48,7 @@ impl Default for Ureq {
 
 #[cfg(feature = "native")]
 impl Transport for Ureq {
-    fn request<'a>(&'a self, req: HttpRequest<'a>) -> LocalBoxFuture<'a, Result<HttpResponse, String>> {
+    fn request<'a>(&'a self, mut req: HttpRequest<'a>) -> LocalBoxFuture<'a, Result<HttpResponse, String>> {
         Box::pin(async move {
             let sent = match req.body {
                 Some(b) => self
@@ -60,7 +63,23 @@ impl Transport for Ureq {
             };
             let mut resp = sent.map_err(|e| e.to_string())?;
             let status = resp.status().as_u16();
-            let body = resp.body_mut().with_config().limit(req.limit).read_to_vec().map_err(|e| e.to_string())?;
+            let mut reader = resp.body_mut().with_config().limit(req.limit).reader();
+            let mut body = Vec::new();
+            let mut piece = [0u8; 8192];
+            loop {
+                let n = std::io::Read::read(&mut reader, &mut piece).map_err(|e| e.to_string())?;
+                if n == 0 {
+                    break;
+                }
+                body.extend_from_slice(&piece[..n]);
+                let more = match (&mut req.on_piece, (200..300).contains(&status)) {
+                    (Some(f), true) => f(&piece[..n]),
+                    _ => true,
+                };
+                if !more {
+                    break;
+                }
+            }
             Ok(HttpResponse { status, body })
         })
     }

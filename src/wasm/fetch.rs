@@ -45,8 +45,9 @@ impl Transport for Fetch {
     fn request<'a>(&'a self, req: HttpRequest<'a>) -> LocalBoxFuture<'a, Result<HttpResponse, String>> {
         Box::pin(async move {
             let controller = AbortController::new().map_err(|e| describe(&e))?;
-            send(&req, &controller).await.map_err(|e| match controller.signal().aborted() {
-                true => format!("no answer within {:.1} s", req.timeout.as_secs_f64()),
+            let timeout = req.timeout;
+            send(req, &controller).await.map_err(|e| match controller.signal().aborted() {
+                true => format!("no answer within {:.1} s", timeout.as_secs_f64()),
                 false => describe(&e),
             })
         })
@@ -62,7 +63,7 @@ impl Transport for Fetch {
     }
 }
 
-async fn send(req: &HttpRequest<'_>, controller: &AbortController) -> Result<HttpResponse, JsValue> {
+async fn send(mut req: HttpRequest<'_>, controller: &AbortController) -> Result<HttpResponse, JsValue> {
     let init = RequestInit::new();
     init.set_signal(Some(&controller.signal()));
     if let Some(body) = req.body {
@@ -95,6 +96,14 @@ async fn send(req: &HttpRequest<'_>, controller: &AbortController) -> Result<Htt
             }
             body.resize(start + piece.length() as usize, 0);
             piece.copy_to(&mut body[start..]);
+            let more = match (&mut req.on_piece, (200..300).contains(&status)) {
+                (Some(f), true) => f(&body[start..]),
+                _ => true,
+            };
+            if !more {
+                let _ = reader.cancel();
+                break;
+            }
         }
     }
     Ok(HttpResponse { status, body })

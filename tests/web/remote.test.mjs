@@ -38,9 +38,11 @@ try {
   check(engine.info.backend === 'server' && engine.info.targetBackend.includes(serve.url) && engine.info.hasDraft,
     `loaded with the target on the server (${JSON.stringify(engine.info)})`);
 
-  const ar = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
+  let arPieces = 0;
+  const ar = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n, onToken: () => arPieces++ });
   check(greedyMismatch(ar.tokens, g) === null && ar.tokens.length === n, `remote AR (the server generating) equals the golden greedy ids (${greedyMismatch(ar.tokens, g)})`);
   check(ar.stats.remote?.roundTrips === 1, `remote AR is one request (${JSON.stringify(ar.stats.remote)})`);
+  check(arPieces === n, `remote AR streams its tokens one event at a time (${arPieces} pieces for ${n} tokens)`);
   for (const mode of ['sd', 'ssd']) {
     const r = await engine.generate(g.prompt, { mode, maxTokens: n });
     const forwards = r.stats.remote.roundTrips / r.tokens.length;
