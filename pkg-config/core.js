@@ -5,6 +5,13 @@ const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 let ready = null;
 /** The loaded build's bindings: ModelBuffer, WasmDraft, WasmEngine. */
 let wasm = null;
+/** Rejects once a panic has stopped the wasm instance: the call it cut short never settles. */
+let stopped = null;
+
+/** `call`'s promise, or the panic that stops the engine midway through it. */
+function unlessStopped(call) {
+  return Promise.race([call, stopped]);
+}
 
 /** A module whose one function runs `i32x4.relaxed_dot_i8x16_i7x16_add_s` on three zero vectors:
  * it validates where the engine runs relaxed SIMD. */
@@ -36,6 +43,10 @@ export function initWasm() {
     } else {
       await glue.default({ module_or_path: url });
     }
+    stopped = new Promise((_, reject) => {
+      glue.onPanic((msg) => reject(new SaguaroError('internal', `the engine stopped at an internal error (${msg}): load it again`)));
+    });
+    stopped.catch(() => {});
     wasm = glue;
   })();
   return ready;
@@ -179,20 +190,22 @@ export function isServer(source) {
   return typeof source === 'object' && source !== null && Object.getPrototypeOf(source) === Object.prototype && 'server' in source;
 }
 
-export async function loadEngine(target, draft, opts, modes, onProgress) {
+/** Load the engine with local drafts for `modes`; `requested` (default `modes`) are all the modes
+ * the caller asked for, some of which a draft worker serves: their names are checked here too. */
+export async function loadEngine(target, draft, opts, modes, onProgress, requested = modes) {
   await initWasm();
   // Bad options fail before any model is downloaded.
-  wasm.WasmEngine.checkOptions(engineOptions(opts, modes));
+  wasm.WasmEngine.checkOptions(engineOptions(opts, requested));
   if (isServer(target)) {
     wasm.WasmEngine.checkServer(target);
     if (!draft) throw new SaguaroError('invalid_argument', 'a server target needs a draft model here: give { target: { server }, draft }');
     const d = await readModel(draft, { role: 'draft', onProgress, cache: opts.cache });
-    return wasm.WasmEngine.loadRemote(target, d, engineOptions(opts, modes));
+    return unlessStopped(wasm.WasmEngine.loadRemote(target, d, engineOptions(opts, modes)));
   }
   const t = await readModel(target, { role: 'target', onProgress, cache: opts.cache });
   const d = draft ? await readModel(draft, { role: 'draft', onProgress, cache: opts.cache }) : undefined;
   onProgress?.({ phase: 'upload', role: 'target', loaded: 0, total: 1 });
-  const engine = await wasm.WasmEngine.load(t, d, engineOptions(opts, modes));
+  const engine = await unlessStopped(wasm.WasmEngine.load(t, d, engineOptions(opts, modes)));
   onProgress?.({ phase: 'upload', role: 'target', loaded: 1, total: 1 });
   return engine;
 }
@@ -201,15 +214,17 @@ export async function loadDraft(source, opts, onProgress) {
   await initWasm();
   wasm.WasmEngine.checkOptions(engineOptions(opts, []));
   const buf = await readModel(source, { role: 'draft', onProgress, cache: opts.cache });
-  return wasm.WasmDraft.load(buf, engineOptions(opts, []));
+  return unlessStopped(wasm.WasmDraft.load(buf, engineOptions(opts, [])));
 }
 
 /** Run one generation; `onText(piece)` streams text, `aborted()` is polled once per round.
  * `opts` go to the engine as given: it checks them. */
 export async function generate(engine, prompt, opts, onText, aborted) {
-  const result = await engine.generate(prompt, opts, (piece, tokens) => {
-    if (piece || tokens) onText?.(piece, tokens);
-    return !aborted();
-  });
+  const result = await unlessStopped(
+    engine.generate(prompt, opts, (piece, tokens) => {
+      if (piece || tokens) onText?.(piece, tokens);
+      return !aborted();
+    }),
+  );
   return camel(result);
 }

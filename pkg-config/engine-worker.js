@@ -41,7 +41,7 @@ async function handle(msg) {
       await holdLock(msg.lock);
       const onProgress = (p) => post({ type: 'progress', id: msg.id, progress: p });
       const ready = msg.draftPort ? draftReady(msg.draftPort) : null;
-      engine = await loadEngine(msg.target, msg.draft, msg.opts, msg.modes, onProgress);
+      engine = await loadEngine(msg.target, msg.draft, msg.opts, msg.modes, onProgress, msg.requested);
       if (ready) await attach(msg.draftPort, ready);
       return engine.info();
     }
@@ -70,7 +70,8 @@ async function handle(msg) {
           () => aborted.has(msg.id),
         );
         generating = run.catch(() => {});
-        return await run;
+        // The engine refines its choice of mode after each generation: the page's info follows.
+        return { result: await run, info: engine.info() };
       } finally {
         running = null;
         aborted.delete(msg.id);

@@ -6,7 +6,7 @@ import { SaguaroError, errorInfo, isServer, whenLockFree } from './core.js';
 export { SaguaroError };
 
 const isNode = typeof process !== 'undefined' && !!process.versions?.node && typeof window === 'undefined';
-const MODES = ['ar', 'sd', 'ssd'];
+const ALL_MODES = ['ar', 'sd', 'ssd'];
 
 function abortError(partial) {
   const e = new SaguaroError('aborted', 'generation aborted');
@@ -148,7 +148,7 @@ class WorkerEngine {
     let first = localDraft ? null : spawn?.(0);
     try {
       const load = rpc.call(
-        { type: 'load', target, draft: localDraft ? draft : null, opts: cfg, modes: localModes, draftPort: first?.port, lock: `${lockId}-engine` },
+        { type: 'load', target, draft: localDraft ? draft : null, opts: cfg, modes: localModes, requested: modes, draftPort: first?.port, lock: `${lockId}-engine` },
         { onProgress: opts.onProgress, transfer: first ? [first.port] : [] },
       );
       let [info] = await Promise.all([load.done, first?.loaded]);
@@ -191,7 +191,9 @@ class WorkerEngine {
     const onAbort = () => this.rpc.abort(id);
     signal?.addEventListener('abort', onAbort);
     try {
-      return await done;
+      const { result, info } = await done;
+      this.info = { ...this.info, ...info };
+      return result;
     } finally {
       signal?.removeEventListener('abort', onAbort);
     }
@@ -213,7 +215,7 @@ class InlineEngine {
     const local = modes.filter((m) => m !== 'ar');
     let engine;
     try {
-      engine = await core.loadEngine(models.target, models.draft, { ...opts, backend: 'cpu', draftBackend: 'cpu' }, local, opts.onProgress);
+      engine = await core.loadEngine(models.target, models.draft, { ...opts, backend: 'cpu', draftBackend: 'cpu' }, local, opts.onProgress, modes);
     } catch (e) {
       throw fail(errorInfo(e));
     }
@@ -232,7 +234,17 @@ class InlineEngine {
       return await this.core.generate(this.engine, prompt, opts, onText, () => !!signal?.aborted);
     } catch (e) {
       throw fail(errorInfo(e));
+    } finally {
+      this.#refresh();
     }
+  }
+
+  /** The engine refines its choice of mode after each generation; an engine stopped by an
+   * internal error has nothing to say. */
+  #refresh() {
+    try {
+      if (this.engine) this.info = { ...this.info, ...this.engine.info() };
+    } catch {}
   }
 
   async dispose() {
@@ -251,8 +263,9 @@ export class Saguaro {
   static async load(models, options = {}) {
     if (!models || models.target === undefined) throw new SaguaroError('invalid_argument', 'load: give at least { target }');
     // Other options pass through: the engine checks them against its one list of names.
-    const modes = options.modes ?? (models.draft ? MODES : ['ar']);
-    for (const m of modes) if (!MODES.includes(m)) throw new SaguaroError('invalid_argument', `modes: "${m}" is not ar, sd or ssd`);
+    const modes = options.modes ?? (models.draft ? ALL_MODES : ['ar']);
+    // The names are the engine's to check (with the other options, before any download).
+    if (!Array.isArray(modes)) throw new SaguaroError('invalid_argument', 'modes: expected an array of mode names');
     // The engine measures what each mode costs on this machine and picks the default mode (and
     // its K) itself; a generation without `mode` leaves the choice to it.
     const impl = isNode ? await InlineEngine.load(models, options, modes) : await WorkerEngine.load(models, options, modes);

@@ -111,6 +111,15 @@ impl ModelBuffer {
 thread_local! {
     /// The message of the panic that stopped this wasm instance, if one did.
     static PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// Told of that panic: a call it cut short never settles its promise, so the JS side must
+    /// learn of it another way (in Node, where no worker closes).
+    static PANIC_LISTENER: RefCell<Option<Function>> = const { RefCell::new(None) };
+}
+
+/// Call `f(message)` when a panic stops this wasm instance.
+#[wasm_bindgen(js_name = onPanic)]
+pub fn on_panic(f: Function) {
+    PANIC_LISTENER.with(|l| *l.borrow_mut() = Some(f));
 }
 
 /// Record a panic, print it, and close the worker it happened in. On wasm32 a panic aborts the
@@ -131,7 +140,10 @@ fn install_panic_hook() {
             if let Ok(console) = js_sys::Reflect::get(&global, &"console".into()) {
                 call(&console, "error", &format!("saguaro: {msg}").into());
             }
-            PANIC.with(|p| *p.borrow_mut() = Some(msg));
+            PANIC.with(|p| *p.borrow_mut() = Some(msg.clone()));
+            if let Some(f) = PANIC_LISTENER.with(|l| l.borrow().clone()) {
+                let _ = f.call1(&JsValue::NULL, &msg.into());
+            }
             if js_sys::Reflect::has(&global, &"WorkerGlobalScope".into()).unwrap_or(false) {
                 call(&global, "close", &JsValue::UNDEFINED);
             }

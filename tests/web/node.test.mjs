@@ -47,6 +47,18 @@ console.log(`metrics: node wasm CPU (1 thread): SD ${sd.stats.tokensPerS.toFixed
 const chosen = await engine.generate(g.prompt, { maxTokens: n });
 check(chosen.stats.auto && chosen.stats.mode === chosen.stats.auto.mode && ['ar', 'sd', 'ssd'].includes(engine.info.defaultMode),
   `without a mode, the generation runs in the engine's measured choice (${chosen.stats.auto?.mode}, stats ${chosen.stats.mode})`);
+// The choice is refined after each speculative generation, and `info` follows it: a prompt the
+// draft always gets right (it drafts for itself) pulls the acceptance up.
+const before = engine.info.defaultMode;
+const refined = [];
+for (let i = 0; i < 3; i++) {
+  await engine.generate(g.prompt, { mode: 'sd', maxTokens: n });
+  const want = engine.info.defaultMode;
+  refined.push(want);
+  const next = await engine.generate(g.prompt, { maxTokens: 4 });
+  check(next.stats.mode === want, `info.defaultMode is the mode the next generation without one runs in (${want}, ran ${next.stats.mode})`);
+}
+console.log(`metrics: default mode ${before} at load, then ${refined.join(', ')}`);
 
 let streamed = '';
 const s = engine.stream(g.prompt, { mode: 'ssd', maxTokens: n });
@@ -123,6 +135,7 @@ await rejects(Saguaro.load({ target: bytes.subarray(0, 4096) }), 'bad_model', 't
 await rejects(Saguaro.load({ target: new Uint8Array(1000) }), 'bad_model', 'not a GGUF file');
 await rejects(Saguaro.load({ target: bytes }, { backend: 'gpu' }), 'no_webgpu', 'GPU in Node');
 await rejects(Saguaro.load({ target: bytes }, { specKay: 3 }), 'invalid_argument', 'an unknown load option');
+await rejects(Saguaro.load({ target: bytes }, { modes: ['ar', 'fast'] }), 'invalid_argument', 'an unknown mode name, checked by the engine');
 await rejects(engine.generate(g.prompt, { maxToken: 3 }), 'invalid_argument', 'an unknown generate option');
 const after = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
 check(JSON.stringify(after.tokens) === JSON.stringify(ar.tokens), 'the engine still works after errors');
