@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Remote AR, SD and SSD against `saguaro serve` through scripts/delay-proxy.py at several round
-# trips, on this machine's loopback. Usage:
+# Remote AR, SD, SSD and the engine's own choice (auto) against `saguaro serve` through
+# scripts/delay-proxy.py at several round trips, on this machine's loopback. Usage:
 #   scripts/remote-bench.sh TARGET.gguf DRAFT.gguf "0 20 50" [extra bench args...]
 set -euo pipefail
 target=$1 draft=$2 rtts=$3
@@ -21,7 +21,7 @@ for rtt in $rtts; do
   proxy=$!
   sleep 1
   echo "== round trip $rtt ms"
-  "$bin" bench --target "http://127.0.0.1:$((port + 1))" --draft "$draft" --draft-threads 1 --modes ar,sd,ssd "$@"
+  "$bin" bench --target "http://127.0.0.1:$((port + 1))" --draft "$draft" --draft-threads 1 --modes ar,sd,ssd,auto "$@"
   kill "$proxy"
   wait "$proxy" 2>/dev/null || true
   proxy=

@@ -192,6 +192,13 @@ struct Remote {
     server: crate::remote::RemoteTarget,
 }
 
+/// Rounds a generation must run for its pace to count in the choice of mode.
+const MIN_OBSERVED_ROUNDS: usize = 4;
+
+/// Tokens remote AR generates at load to time the server's decode: enough that the one round
+/// trip weighs little.
+const AR_PROBE_TOKENS: usize = 16;
+
 /// The draft model's defaults, measured with the Qwen 2.5 Coder pair on a 2-core CPU
 /// (docs/measurements.md: "A cheaper draft"): Q4_K (its 896-value rows padded to 1,024 on the
 /// CPU, Q4_1 elsewhere) and the 65,536 lowest token ids keep the 0.5B draft's acceptance on code
@@ -376,7 +383,7 @@ impl Engine {
         target.check_vocab(draft.weights.config.vocab_size, &draft.tokenizer.vocab_fingerprint())?;
         crate::decode::check_draft(target.config(), &draft.weights.config)?;
         let capacity = Self::capacity(target.config(), opts);
-        let remote = Remote { link: target.link(), server: target.fork() };
+        let mut remote = Remote { link: target.link(), server: target.fork() };
         let mut target_lm: BoxedLm = Box::new(target);
         let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
         let slimmed = slimming(&draft, opts).apply(&draft.weights)?;
@@ -385,7 +392,8 @@ impl Engine {
         // answers on a worker of its own.
         let choice = match (opts.auto && opts.modes.len() != 1, sd_draft.as_deref_mut()) {
             (true, Some(d)) => {
-                let costs = Costs::measure(target_lm.as_mut(), Some(d as &mut dyn Lm), true, tree_rows(&opts.spec)).await?;
+                let mut costs = Costs::measure(target_lm.as_mut(), Some(d as &mut dyn Lm), true, tree_rows(&opts.spec)).await?;
+                costs.decode_ms = remote.server.server_decode_ms(AR_PROBE_TOKENS).await?;
                 Some(costs.choose(PRIOR_ACCEPTANCE, ssd_candidate(&ssd_draft, &opts.spec)))
             }
             _ => None,
@@ -619,14 +627,21 @@ impl Engine {
 }
 
 impl Engine {
-    /// Refine the choice of mode with the acceptance a speculative generation measured.
+    /// Refine the choice of mode with what a generation measured: its pace per round, and for
+    /// speculation the acceptance.
     fn learn(&mut self, mode: Mode, spec: &SpecConfig, stats: &Stats) {
-        let (Some(choice), Some(fraction)) = (&self.choice, stats.acceptance_rate) else { return };
-        if mode == Mode::Ar {
-            return;
+        let Some(choice) = &self.choice else { return };
+        let mut costs = choice.costs.clone();
+        let k = if mode == Mode::Ar { 1 } else { spec.k };
+        // A few rounds say little about a mode's pace.
+        if stats.rounds >= MIN_OBSERVED_ROUNDS && stats.decode_ms > 0.0 {
+            costs.observe(mode, k, stats.decode_ms / stats.rounds as f64);
         }
-        let a = (choice.acceptance + per_token_acceptance(fraction, spec.k)) / 2.0;
-        self.choice = Some(choice.costs.choose(a, ssd_candidate(&self.ssd_draft, &self.spec)));
+        let a = match stats.acceptance_rate {
+            Some(fraction) if mode != Mode::Ar => (choice.acceptance + per_token_acceptance(fraction, spec.k)) / 2.0,
+            _ => choice.acceptance,
+        };
+        self.choice = Some(costs.choose(a, ssd_candidate(&self.ssd_draft, &self.spec)));
     }
 }
 

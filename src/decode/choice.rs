@@ -30,6 +30,8 @@ const MARGIN: f64 = 1.05;
 /// What one placement costs, in milliseconds.
 #[derive(Clone, Debug, Serialize)]
 pub struct Costs {
+    /// AR's time per token: a decode, or with a server target the server's own decode (remote AR
+    /// pays the round trip once per generation, not per token).
     pub decode_ms: f64,
     /// (tokens, ms) of target forwards over a causal batch, a decode (1 token) first.
     pub verify_ms: Vec<(usize, f64)>,
@@ -38,8 +40,21 @@ pub struct Costs {
     /// (rows, ms) of a draft forward as wide as SSD's tree steps: timed when the draft runs beside
     /// the target, else `None` (and SSD is not considered).
     pub tree_step: Option<(usize, f64)>,
+    /// What rounds of generations really took, per mode and K: where the arithmetic's figure is
+    /// off (models that slow each other down more than they did timed apart, other work on the
+    /// machine), the observed one replaces it.
+    pub observed: Vec<Observed>,
     /// Whether the draft runs beside the target rather than on the same cores (SSD can overlap).
     pub parallel: bool,
+}
+
+/// Milliseconds per round (AR: per token) of generations in `mode` with `k` draft tokens, averaged
+/// over generations with the latest weighing half.
+#[derive(Clone, Debug, Serialize)]
+pub struct Observed {
+    pub mode: String,
+    pub k: usize,
+    pub round_ms: f64,
 }
 
 /// The mode and K a generation runs with when none is asked for, and why.
@@ -61,7 +76,7 @@ impl Choice {
 }
 
 /// Probe tokens: any ids of the vocabulary do, the costs hardly depend on them.
-fn probe(vocab: usize, n: usize) -> Vec<u32> {
+pub(crate) fn probe(vocab: usize, n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
 }
 
@@ -107,7 +122,21 @@ impl Costs {
             }
             None => (0.0, None),
         };
-        Ok(Costs { decode_ms, verify_ms, draft_step_ms, tree_step, parallel })
+        Ok(Costs { decode_ms, verify_ms, draft_step_ms, tree_step, observed: Vec::new(), parallel })
+    }
+
+    /// Record that a generation in `mode` with `k` draft tokens took `round_ms` per round.
+    pub fn observe(&mut self, mode: Mode, k: usize, round_ms: f64) {
+        let name = mode.to_string();
+        match self.observed.iter_mut().find(|o| o.mode == name && o.k == k) {
+            Some(o) => o.round_ms = (o.round_ms + round_ms) / 2.0,
+            None => self.observed.push(Observed { mode: name, k, round_ms }),
+        }
+    }
+
+    fn observed(&self, mode: Mode, k: usize) -> Option<f64> {
+        let name = mode.to_string();
+        self.observed.iter().find(|o| o.mode == name && o.k == k).map(|o| o.round_ms)
     }
 
     /// A forward over `n` tokens, interpolated between the timed sizes.
@@ -135,7 +164,8 @@ impl Costs {
             let speculation = self.draft(k + 1)? + k as f64 * self.draft(fanout.max_branches(k))?;
             Some(self.verify(k + 1).max(speculation) + (1.0 - SSD_HITS) * k as f64 * self.draft_step_ms)
         };
-        let mut best = (Mode::Ar, 1, 1.0);
+        let ar = self.observed(Mode::Ar, 1).map_or(1.0, |ms| self.decode_ms / ms);
+        let mut best = (Mode::Ar, 1, ar);
         let mut consider = |mode: Mode, k: usize, s: f64| {
             let bar = if best.0 == Mode::Ar { best.2 * MARGIN } else { best.2 };
             if s > bar {
@@ -143,10 +173,10 @@ impl Costs {
             }
         };
         for k in 1..=MAX_K {
-            consider(Mode::Sd, k, speedup(k, sd_round(k)));
+            consider(Mode::Sd, k, speedup(k, self.observed(Mode::Sd, k).unwrap_or_else(|| sd_round(k))));
             match ssd {
                 Some((max_k, fanout)) if self.parallel && k <= max_k => {
-                    if let Some(ms) = ssd_round(k, fanout) {
+                    if let Some(ms) = self.observed(Mode::Ssd, k).or_else(|| ssd_round(k, fanout)) {
                         consider(Mode::Ssd, k, speedup(k, ms));
                     }
                 }
@@ -165,7 +195,7 @@ mod tests {
     fn costs(verify_per_token: f64, draft_step_ms: f64, parallel: bool) -> Costs {
         let verify_ms = std::iter::once(1).chain(TIMED).map(|n| (n, 10.0 + verify_per_token * (n - 1) as f64)).collect();
         let tree_step = parallel.then_some((15, 2.0 * draft_step_ms));
-        Costs { decode_ms: 10.0, verify_ms, draft_step_ms, tree_step, parallel }
+        Costs { decode_ms: 10.0, verify_ms, draft_step_ms, tree_step, observed: Vec::new(), parallel }
     }
 
     const UNIFORM3: Fanout = Fanout::Uniform(3);
@@ -209,6 +239,13 @@ mod tests {
         // verification (a small model on a fast server): SD beats AR, SSD does not.
         let c = Costs { tree_step: Some((15, 20.0)), ..costs(1.0, 5.0, true) };
         assert_eq!(c.choose(0.9, Some((4, &UNIFORM3))).mode(), Mode::Sd);
+        // SSD whose rounds turn out slower than the arithmetic said gives way to what is faster.
+        let mut c = costs(2.0, 3.0, true);
+        assert_eq!(c.choose(0.8, Some((4, &UNIFORM3))).mode(), Mode::Ssd);
+        for k in 1..=4 {
+            c.observe(Mode::Ssd, k, 60.0);
+        }
+        assert_eq!(c.choose(0.8, Some((4, &UNIFORM3))).mode(), Mode::Sd);
         // Speculation not timed: SSD cannot be judged, so it is not chosen.
         let untimed = Costs { tree_step: None, ..costs(2.0, 3.0, true) };
         assert_ne!(untimed.choose(0.8, Some((4, &UNIFORM3))).mode(), Mode::Ssd);

@@ -236,10 +236,22 @@ impl RemoteTarget {
         if let Some(m) = failure {
             return Err(Error::server(format!("{url}: {m}")));
         }
-        let mut stats = Stats { mode: "ar".into(), prompt_tokens: req.prompt.len(), rounds: 1, ..Stats::default() };
+        // The server ran a forward per token after the first, as local AR does.
+        let rounds = events.out.tokens.len().saturating_sub(1);
+        let mut stats = Stats { mode: "ar".into(), prompt_tokens: req.prompt.len(), rounds, ..Stats::default() };
         stats.target_busy_ms = ms;
         stats.finish(events.out.tokens.len(), ms);
         Ok(events.out.into_generation(stats))
+    }
+
+    /// Remote AR's time per token: `tokens` generated on the server in one request, the round
+    /// trip included once, as in a generation.
+    pub async fn server_decode_ms(&mut self, tokens: usize) -> Result<f64> {
+        let prompt = crate::decode::choice::probe(self.config.vocab_size, 4);
+        let req = Request { prompt, max_tokens: tokens, ..Request::default() };
+        let t = Instant::now();
+        let g = self.generate_on_server(&req, &mut |_| true).await?;
+        Ok(elapsed_ms(t) / g.tokens.len().max(1) as f64)
     }
 
     /// The counters of this target's requests.
@@ -498,5 +510,57 @@ impl Lm for RemoteTarget {
     }
     fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
         Box::pin(async move { Ok(self.score(batch, out_rows, 1).await?.iter().map(|t| t[0].1).collect()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(ids: &[u32], total: usize) -> String {
+        let meta = MetaInfo { completion_tokens: total, ..MetaInfo::default() };
+        let resp = GenerateResponse { text: String::new(), output_ids: ids.to_vec(), meta_info: meta };
+        format!("data: {}\n\n", serde_json::to_string(&resp).unwrap())
+    }
+
+    /// The events of one answer, fed in pieces of `cut` bytes; the tokens the sink saw.
+    fn read(events: &[String], cut: usize) -> (Vec<u32>, Option<String>, bool) {
+        let req = Request { max_tokens: 16, ..Request::default() };
+        let mut seen = Vec::new();
+        let mut sink = |t: &[u32]| {
+            seen.extend_from_slice(t);
+            true
+        };
+        let mut e = Events::new(Output::new(&req, 16, &mut sink), 100);
+        let body = events.concat() + "data: [DONE]\n\n";
+        for piece in body.as_bytes().chunks(cut) {
+            if !e.feed(piece) {
+                break;
+            }
+        }
+        let (failure, done) = (e.failure.take(), e.done);
+        drop(e);
+        (seen, failure, done)
+    }
+
+    #[test]
+    fn events_with_new_ids_or_all_ids_so_far_stream_the_same_tokens() {
+        let incremental = [event(&[5], 1), event(&[6, 7], 3), event(&[], 3)];
+        let cumulative = [event(&[5], 1), event(&[5, 6, 7], 3), event(&[5, 6, 7], 3)];
+        for cut in [1, 7, 4096] {
+            assert_eq!(read(&incremental, cut), (vec![5, 6, 7], None, true), "cut {cut}");
+            assert_eq!(read(&cumulative, cut), (vec![5, 6, 7], None, true), "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn inconsistent_or_foreign_events_fail_the_stream() {
+        let (seen, failure, _) = read(&[event(&[5], 1), event(&[9], 5)], 4096);
+        assert_eq!(seen, vec![5]);
+        assert!(failure.unwrap().contains("does not add up"));
+        let (_, failure, _) = read(&[event(&[500], 1)], 4096);
+        assert!(failure.unwrap().contains("outside the vocabulary"));
+        let (_, failure, _) = read(&["data: {\"error\": {\"message\": \"boom\", \"code\": 500}}\n\n".to_string()], 4096);
+        assert!(failure.unwrap().contains("boom"));
     }
 }

@@ -54,12 +54,13 @@ fn logprob(logit: f32, lse: f64) -> f32 {
     }
 }
 
-/// Answer `req` on `model`, handing each output token to `emit` as soon as it is drawn.
+/// Answer `req` on `model`, handing each output token to `emit` as soon as it is drawn; `emit`
+/// returning `false` (nobody is listening any more) ends the generation there.
 pub fn answer(
     model: &mut dyn PrefixModel,
     req: &GenerateRequest,
     limits: &Limits,
-    emit: &mut dyn FnMut(u32),
+    emit: &mut dyn FnMut(u32) -> bool,
 ) -> Result<GenerateResponse, Refusal> {
     let t0 = Instant::now();
     let bad = |m: String| Err(Refusal::BadRequest(m));
@@ -134,7 +135,10 @@ pub fn answer(
             meta.output_top_logprobs.push(Some(top));
         }
         output.push(next);
-        emit(next);
+        if !emit(next) {
+            finish = FinishReason::Abort { message: "the client went away".into() };
+            break;
+        }
         finish = FinishReason::Length { length: output.len() };
         if s.stop_token_ids.contains(&next) {
             finish = FinishReason::Stop { matched: next };

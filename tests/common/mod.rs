@@ -1,6 +1,9 @@
 //! Tiny random-weight models, built in memory: fast enough to generate tens of thousands of
-//! sequences, small enough in vocabulary to enumerate their exact output distribution.
+//! sequences, small enough in vocabulary to enumerate their exact output distribution (which
+//! [`distribution`] does, and tests samples against).
 #![allow(dead_code)]
+
+pub mod distribution;
 
 use saguaro::backend::cpu::CpuBackend;
 use saguaro::model::config::{Arch, ModelConfig};
