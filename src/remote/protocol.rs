@@ -72,20 +72,29 @@ pub enum FinishReason {
     Abort { message: String },
 }
 
+/// Empty and absent fields are left out of what the server writes (a streamed answer sends one of
+/// these per token) and read as empty.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct MetaInfo {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<FinishReason>,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     /// Prompt tokens whose KV the server already held (its prefix cache).
     pub cached_tokens: usize,
     /// Seconds from the request's arrival to its answer, on the server.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub e2e_latency: Option<f64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub input_token_logprobs: Vec<TokenLogprob>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub input_top_logprobs: Vec<Option<Vec<TokenLogprob>>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub output_token_logprobs: Vec<TokenLogprob>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub output_top_logprobs: Vec<Option<Vec<TokenLogprob>>>,
 }
 
