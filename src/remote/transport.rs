@@ -14,10 +14,12 @@ pub struct HttpRequest<'a> {
     pub limit: u64,
     /// Limit on the whole request, from connecting to the answer's last byte.
     pub timeout: Duration,
-    /// Called with each piece of a successful answer as it arrives (a stream of events);
-    /// returning `false` stops reading, and the answer ends there.
-    pub on_piece: Option<&'a mut dyn FnMut(&[u8]) -> bool>,
+    pub on_piece: Option<OnPiece<'a>>,
 }
+
+/// Called with each piece of a successful answer as it arrives (a stream of events); returning
+/// `false` stops reading, and the answer ends there.
+pub type OnPiece<'a> = &'a mut dyn FnMut(&[u8]) -> bool;
 
 /// An answer of any status, its body read whole.
 pub struct HttpResponse {
