@@ -1,5 +1,6 @@
 // The part of the package that runs where the engine lives: in the engine and draft Web Workers
-// in a browser, or inline in Node. It fills model buffers as bytes arrive, converts options and
+// in a browser, or inline in Node. It picks and starts the build of the library (with the threads
+// build, its pool of compute threads), fills model buffers as bytes arrive, converts options and
 // results, and turns wasm errors into SaguaroErrors.
 const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 let ready = null;
@@ -30,18 +31,34 @@ export function relaxedSimd() {
   return WebAssembly.validate(RELAXED_SIMD_PROBE);
 }
 
+/** The most threads the `threads` option takes (src/wasm/options.rs). */
+const MAX_THREADS = 64;
+
+/** Whether wasm memory can be shared with other threads here: SharedArrayBuffer exists (on the
+ * web only on a cross-origin isolated page, one served with COOP and COEP headers). */
+export function canShareMemory() {
+  return typeof SharedArrayBuffer !== 'undefined' && (isNode || globalThis.crossOriginIsolated === true);
+}
+
 /** Instantiate the build of the library this engine runs best, beside this file (once per worker
- * or process): the relaxed-SIMD build where relaxed SIMD validates, else the simd128 one. */
-export function initWasm() {
+ * or process: the first call's `threads` decides): with `threads` > 1 where memory can be shared,
+ * the threads build (simd128, atomics, shared memory) with a pool of as many threads; else the
+ * relaxed-SIMD build where relaxed SIMD validates, else the simd128 one. */
+export function initWasm(threads = 1) {
   ready ??= (async () => {
-    const name = relaxedSimd() ? 'saguaro_relaxed' : 'saguaro';
-    const glue = name === 'saguaro' ? await import('./saguaro.js') : await import('./saguaro_relaxed.js');
-    const url = new URL(`./${name}_bg.wasm`, import.meta.url);
-    if (isNode) {
-      const { readFile } = await import('node:fs/promises');
-      glue.initSync({ module: await readFile(url) });
-    } else {
-      await glue.default({ module_or_path: url });
+    let glue = null;
+    // Other values of `threads` are the engine's to refuse (with the other options).
+    if (Number.isInteger(threads) && threads > 1 && threads <= MAX_THREADS && canShareMemory()) {
+      try {
+        glue = await startThreads(threads);
+      } catch (e) {
+        console.warn(`saguaro: the threads build did not start (${e?.message ?? e}), so the CPU backend runs on one thread`);
+      }
+    }
+    if (!glue) {
+      const name = relaxedSimd() ? 'saguaro_relaxed' : 'saguaro';
+      glue = name === 'saguaro' ? await import('./saguaro.js') : await import('./saguaro_relaxed.js');
+      await instantiate(glue, name);
     }
     stopped = new Promise((_, reject) => {
       glue.onPanic((msg) => reject(new SaguaroError('internal', `the engine stopped at an internal error (${msg}): load it again`)));
@@ -50,6 +67,96 @@ export function initWasm() {
     wasm = glue;
   })();
   return ready;
+}
+
+/** Instantiate `glue`'s module (`name`_bg.wasm, beside this file), on `memory` if given. */
+async function instantiate(glue, name, memory) {
+  const url = new URL(`./${name}_bg.wasm`, import.meta.url);
+  if (isNode) {
+    const { readFile } = await import('node:fs/promises');
+    glue.initSync({ module: await readFile(url), memory });
+  } else {
+    await glue.default({ module_or_path: url, memory });
+  }
+}
+
+/** The threads build, with its pool started: this thread and `threads - 1` workers (Web Workers,
+ * or worker threads in Node), each an instance of the module on the same memory. */
+async function startThreads(threads) {
+  const glue = await import('./saguaro_threads.js');
+  await instantiate(glue, 'saguaro_threads');
+  const { module, memory, size } = glue.threadsStart(threads);
+  const started = await Promise.allSettled(Array.from({ length: size - 1 }, () => (isNode ? nodeThread(module, memory) : webThread(module, memory))));
+  const failed = started.find((s) => s.status === 'rejected');
+  if (failed) {
+    // The ones that did start stop too: the pool is left unused, the single-thread build loaded.
+    for (const s of started) s.value?.terminate();
+    throw failed.reason;
+  }
+  return glue;
+}
+
+/** A compute thread: a Web Worker (engine-worker.js in its `thread` role) on `memory`. */
+function webThread(module, memory) {
+  const worker = new Worker(new URL('./engine-worker.js', import.meta.url), { type: 'module', name: 'saguaro-thread' });
+  const started = new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('a compute thread did not start within 30 s')), 30_000);
+    worker.onmessage = (e) => {
+      clearTimeout(timer);
+      if (e.data?.type === 'thread-ready') resolve(worker);
+      else reject(new Error(e.data?.error ?? 'a compute thread did not start'));
+    };
+    worker.onerror = (e) => {
+      clearTimeout(timer);
+      reject(new Error(`a compute thread failed: ${e.message ?? 'worker error'}`));
+    };
+  });
+  worker.postMessage({ type: 'thread', module, memory });
+  started.catch(() => worker.terminate());
+  return started;
+}
+
+/** A compute thread in Node: a worker thread (unref'd: it never keeps the process alive). */
+async function nodeThread(module, memory) {
+  const { Worker } = await import('node:worker_threads');
+  const code = `const { parentPort, workerData: d } = require('node:worker_threads');
+import(d.glue).then((g) => {
+  g.initSync({ module: d.module, memory: d.memory });
+  parentPort.postMessage('ready');
+  try { g.threadsWorker(); } catch { try { g.threadsFailed(); } catch {} }
+}, (e) => parentPort.postMessage(String(e?.message ?? e)));`;
+  const glue = new URL('./saguaro_threads.js', import.meta.url).href;
+  const worker = new Worker(code, { eval: true, workerData: { glue, module, memory } });
+  const started = new Promise((resolve, reject) => {
+    worker.once('message', (m) => {
+      if (m !== 'ready') return reject(new Error(`a compute thread did not start: ${m}`));
+      worker.unref();
+      resolve(worker);
+    });
+    worker.once('error', reject);
+  });
+  started.catch(() => worker.terminate());
+  return started;
+}
+
+/** A compute thread's life, in the Web Worker `webThread` started: instantiate the threads build
+ * on the memory it was sent, then work the pool's jobs (this never returns). */
+export async function runThread({ module, memory }) {
+  try {
+    const glue = await import('./saguaro_threads.js');
+    await glue.default({ module_or_path: module, memory });
+    self.postMessage({ type: 'thread-ready' });
+    try {
+      glue.threadsWorker();
+    } catch (e) {
+      // A trap (a panic has closed this worker already): the job in progress fails.
+      glue.threadsFailed();
+      throw e;
+    }
+  } catch (e) {
+    self.postMessage({ type: 'thread-failed', error: String(e?.message ?? e) });
+    self.close();
+  }
 }
 
 export class SaguaroError extends Error {
@@ -193,7 +300,7 @@ export function isServer(source) {
 /** Load the engine with local drafts for `modes`; `requested` (default `modes`) are all the modes
  * the caller asked for, some of which a draft worker serves: their names are checked here too. */
 export async function loadEngine(target, draft, opts, modes, onProgress, requested = modes) {
-  await initWasm();
+  await initWasm(opts.threads);
   // Bad options fail before any model is downloaded.
   wasm.WasmEngine.checkOptions(engineOptions(opts, requested));
   if (isServer(target)) {
@@ -211,7 +318,7 @@ export async function loadEngine(target, draft, opts, modes, onProgress, request
 }
 
 export async function loadDraft(source, opts, onProgress) {
-  await initWasm();
+  await initWasm(opts.threads);
   wasm.WasmEngine.checkOptions(engineOptions(opts, []));
   const buf = await readModel(source, { role: 'draft', onProgress, cache: opts.cache });
   return unlessStopped(wasm.WasmDraft.load(buf, engineOptions(opts, [])));

@@ -1,7 +1,9 @@
 // The engine's Web Worker: the target (on WebGPU or the CPU) and, for SD or a GPU draft, the
 // draft too. The page's main thread only talks to it (index.js). SSD's CPU draft lives in a
-// second worker (draft-worker.js), reached through a MessagePort the page hands over.
-import { errorInfo, generate, holdLock, loadEngine, whenLockFree } from './core.js';
+// second worker (draft-worker.js), reached through a MessagePort the page hands over. With the
+// threads build, the same script also runs each of the engine's compute threads (core.js starts
+// them, first message `{type: 'thread'}`).
+import { errorInfo, generate, holdLock, loadEngine, runThread, whenLockFree } from './core.js';
 
 let engine = null;
 let running = null;
@@ -88,6 +90,7 @@ async function handle(msg) {
 
 self.onmessage = async (e) => {
   const msg = e.data;
+  if (msg.type === 'thread') return runThread(msg);
   if (msg.type === 'abort') {
     aborted.add(msg.target);
     // The draft's speculation stops now; the generation at its next round.

@@ -72,6 +72,15 @@ export interface LoadOptions {
   /** Draft SD's tokens by looking the text so far up in the prompt, with no draft model (use
    * mode 'sd'; not with a `draft`). */
   promptLookup?: boolean;
+  /** Threads the CPU backend computes on, 1 to 64. Default: one per logical core
+   * (`navigator.hardwareConcurrency`, in Node `os.availableParallelism()`), at most 8. Above 1
+   * the package loads its threads build (a pool of workers sharing wasm memory), which needs a
+   * cross-origin isolated page (served with `Cross-Origin-Opener-Policy: same-origin` and
+   * `Cross-Origin-Embedder-Policy: require-corp`); elsewhere, and when the target or the draft
+   * runs on WebGPU, the engine computes on one thread (`info.threads` says). SSD's draft worker
+   * always runs on one. 1: the single-thread build. In Node the first load picks the build for
+   * the process. */
+  threads?: number;
 }
 
 export interface GenerateOptions {
@@ -177,7 +186,10 @@ export interface GenerateResult {
 }
 
 export interface EngineInfo {
+  /** The target's backend, e.g. 'cpu (2 threads, simd128)'. */
   targetBackend: string;
+  /** Threads the engine's CPU work runs on (see `LoadOptions.threads`). */
+  threads: number;
   /** 'server' for a server target. */
   backend: Backend | 'server';
   draftBackend: Backend | null;

@@ -1,12 +1,20 @@
 // saguaro-web: the public API. In a browser the engine runs in a dedicated Web Worker (the page's
 // main thread never computes) and SSD's CPU draft in a second one; in Node the same API runs
-// inline on the CPU backend.
+// inline on the CPU backend. The CPU backend computes on a pool of threads sharing wasm memory
+// where it can (the threads build: Node, or a cross-origin isolated page), else on one.
 import { SaguaroError, errorInfo, isServer, whenLockFree } from './core.js';
 
 export { SaguaroError };
 
 const isNode = typeof process !== 'undefined' && !!process.versions?.node && typeof window === 'undefined';
 const ALL_MODES = ['ar', 'sd', 'ssd'];
+/** The default `threads` is one per logical core, at most this many: beyond a few threads a
+ * decode step gains little (memory bandwidth, a synchronization per matmul). */
+const DEFAULT_MAX_THREADS = 8;
+
+function defaultThreads(cores) {
+  return Math.max(1, Math.min(cores || 1, DEFAULT_MAX_THREADS));
+}
 
 function abortError(partial) {
   const e = new SaguaroError('aborted', 'generation aborted');
@@ -113,7 +121,7 @@ function spawnDraft(source, cfg, lock, onProgress) {
   });
   // A draft worker that fails once loaded is ended: the engine worker sees it go.
   loaded.then(() => (worker.onerror = () => worker.terminate()), () => {});
-  worker.postMessage({ port: channel.port2, source, opts: { ...cfg, backend: 'cpu' }, lock }, [channel.port2]);
+  worker.postMessage({ port: channel.port2, source, opts: { ...cfg, backend: 'cpu', threads: 1 }, lock }, [channel.port2]);
   return { worker, port: channel.port1, loaded };
 }
 
@@ -134,8 +142,20 @@ class WorkerEngine {
     const draft = models.draft ? transferable(models.draft, 'draft') : null;
     const remoteSsd = !!draft && modes.includes('ssd') && draftBackend === 'cpu';
     const localModes = modes.filter((m) => m === 'sd' || (m === 'ssd' && !remoteSsd));
+    // The threads build computes on the CPU only: it serves an engine worker with nothing on
+    // WebGPU, on a page whose memory can be shared. SSD's draft worker runs on one thread.
+    const threads = opts.threads ?? defaultThreads(globalThis.navigator?.hardwareConcurrency);
+    let engineThreads = threads;
+    if (Number.isInteger(threads) && threads > 1) {
+      if (backend === 'gpu' || draftBackend === 'gpu') engineThreads = 1;
+      else if (!globalThis.crossOriginIsolated) {
+        engineThreads = 1;
+        console.info('saguaro: the page is not cross-origin isolated, so the CPU backend computes on one thread ' +
+          '(serve it with the headers Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp to compute on several)');
+      }
+    }
     const { onProgress, ...rest } = opts;
-    const cfg = { ...rest, ...(backend && { backend }), draftBackend };
+    const cfg = { ...rest, ...(backend && { backend }), draftBackend, threads: engineThreads };
     const worker = new Worker(new URL('./engine-worker.js', import.meta.url), { type: 'module', name: 'saguaro-engine' });
     const rpc = new Rpc(worker);
     // Each worker holds a Web Lock while it lives; waiting on it is how its end is seen.
@@ -212,10 +232,13 @@ class InlineEngine {
   static async load(models, opts, modes) {
     if (opts.backend === 'gpu' || opts.draftBackend === 'gpu') throw new SaguaroError('no_webgpu', 'Node has no WebGPU: use backend "cpu"');
     const core = await import('./core.js');
+    const { availableParallelism } = await import('node:os');
+    // The first load in the process picks the build: with threads > 1, the threads build.
+    const threads = opts.threads ?? defaultThreads(availableParallelism());
     const local = modes.filter((m) => m !== 'ar');
     let engine;
     try {
-      engine = await core.loadEngine(models.target, models.draft, { ...opts, backend: 'cpu', draftBackend: 'cpu' }, local, opts.onProgress, modes);
+      engine = await core.loadEngine(models.target, models.draft, { ...opts, backend: 'cpu', draftBackend: 'cpu', threads }, local, opts.onProgress, modes);
     } catch (e) {
       throw fail(errorInfo(e));
     }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The browser package's tests: build pkg/, pack it, install the tarball into a fresh project and
-# run the Node tests there; run the library's wasm tests (simd128 kernels against the portable
-# ones) in headless Chromium; the engine and draft workers (abort, a dead draft) in Chromium; then
-# the demo end to end in Chromium (WebGPU via SwiftShader).
+# run the Node tests there (on the threads build); run the library's wasm tests (simd128 kernels
+# against the portable ones) in headless Chromium; the engine and draft workers (abort, a dead
+# draft) in Chromium; the threads build on a cross-origin isolated page (2 threads against the
+# golden ids and the single-thread build); then the demo end to end in Chromium (WebGPU via
+# SwiftShader).
 # Needs models/ (scripts/fetch-models.sh) and Debian's chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,9 @@ scripts/test-wasm.sh
 
 echo "== the two Web Workers in Chromium: abort, a dead draft worker"
 node tests/web/worker.mjs
+
+echo "== the threads build in Chromium: a cross-origin isolated page, a pool of 2 compute workers"
+node tests/web/threads.mjs
 
 echo "== a server target in Chromium: saguaro serve at another origin"
 node tests/web/remote.browser.mjs

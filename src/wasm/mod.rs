@@ -4,13 +4,17 @@
 //!   memory, so no second copy of the whole file ever exists in JS;
 //! - [`WasmEngine`]: the [`Engine`] in the engine worker (or inline in Node);
 //! - [`WasmDraft`]: SSD's draft in its own Web Worker, answering the engine's jobs over a
-//!   `MessagePort`.
+//!   `MessagePort`;
+//! - in the threads build (feature `threads`, compiled with atomics), the pool of workers sharing
+//!   this module's memory that the CPU backend computes on ([`threads`]).
 //!
 //! Errors cross as JS `Error`s with a `code` ([`Error::code`]).
 
 mod channel;
 mod fetch;
 mod options;
+#[cfg(all(feature = "threads", target_feature = "atomics"))]
+pub(crate) mod threads;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -125,12 +129,16 @@ pub fn on_panic(f: Function) {
 /// Record a panic, print it, and close the worker it happened in. On wasm32 a panic aborts the
 /// call midway, so the state it was changing cannot be trusted, and the promise of that call may
 /// never settle: the worker goes away, which the side holding its lock (index.js for the engine
-/// worker, engine-worker.js for the draft worker) sees at once. In Node, later calls fail.
+/// worker, engine-worker.js for the draft worker) sees at once. In Node, later calls fail. In the
+/// threads build a panic on a thread of the compute pool closes that thread's worker and fails
+/// the job in progress, whose panic on the engine's thread then ends the engine the same way.
 fn install_panic_hook() {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
         std::panic::set_hook(Box::new(|info| {
             let msg = info.to_string();
+            #[cfg(all(feature = "threads", target_feature = "atomics"))]
+            threads::on_panic(&msg);
             let global = js_sys::global();
             let call = |obj: &JsValue, name: &str, arg: &JsValue| {
                 if let Ok(f) = js_sys::Reflect::get(obj, &name.into()).and_then(|f| f.dyn_into::<Function>()) {
@@ -285,6 +293,7 @@ impl WasmEngine {
             let c = engine.target_config();
             options::EngineInfo {
                 target_backend: engine.target_backend(),
+                threads: pool_threads(),
                 has_draft: engine.has_draft(),
                 default_mode: engine.default_mode().to_string(),
                 vocab_size: c.vocab_size,
@@ -325,6 +334,14 @@ impl WasmEngine {
             to_js(&completion)
         })
     }
+}
+
+/// Threads of this instance's compute pool (1 in the single-thread builds).
+fn pool_threads() -> usize {
+    #[cfg(all(feature = "threads", target_feature = "atomics"))]
+    return threads::size();
+    #[cfg(not(all(feature = "threads", target_feature = "atomics")))]
+    1
 }
 
 /// SSD's draft model in its own worker.

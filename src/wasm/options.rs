@@ -45,11 +45,17 @@ pub struct LoadOpts {
     modes: Option<Vec<String>>,
     /// Draft by prompt lookup (no draft model; mode "sd").
     prompt_lookup: Option<bool>,
+    /// CPU threads: the JS side starts the threads build's pool with as many; the CPU backend uses
+    /// at most those the pool has (1 in the single-thread builds).
+    threads: Option<usize>,
 }
 
-fn device(name: Option<&str>, option: &str, precision: Precision) -> Result<Device, JsValue> {
+/// The most threads the `threads` option takes.
+pub(crate) const MAX_THREADS: usize = 64;
+
+fn device(name: Option<&str>, option: &str, precision: Precision, threads: usize) -> Result<Device, JsValue> {
     match name.unwrap_or("cpu") {
-        "cpu" => Ok(Device::Cpu { threads: 1, precision }),
+        "cpu" => Ok(Device::Cpu { threads, precision }),
         "gpu" => Ok(Device::Gpu { adapter: None }),
         other => Err(invalid(format!("{option}: '{other}' is not a backend (expected 'gpu' or 'cpu')"))),
     }
@@ -82,9 +88,15 @@ impl LoadOpts {
         if context == 0 {
             return Err(invalid("context: must be at least 1 token".into()));
         }
+        // Without the option: all the threads of the pool (none outside the threads build).
+        let threads = match self.threads {
+            None => 0,
+            Some(t) if (1..=MAX_THREADS).contains(&t) => t,
+            Some(t) => return Err(invalid(format!("threads: must be 1 to {MAX_THREADS}, got {t}"))),
+        };
         Ok(EngineOptions {
-            target: device(self.backend.as_deref(), "backend", Precision::Exact)?,
-            draft: device(self.draft_backend.as_deref(), "draftBackend", Precision::Fast)?,
+            target: device(self.backend.as_deref(), "backend", Precision::Exact, threads)?,
+            draft: device(self.draft_backend.as_deref(), "draftBackend", Precision::Fast, threads)?,
             spec: spec(self.spec_k, self.fanout.as_deref(), self.backup.as_deref())?,
             context,
             // AR needs no draft and is always there: with it listed, a local SD draft makes the
@@ -203,6 +215,8 @@ pub struct DraftInfo {
 #[serde(rename_all = "camelCase")]
 pub struct EngineInfo {
     pub target_backend: String,
+    /// Threads of the compute pool in this instance (1 in the single-thread builds).
+    pub threads: usize,
     pub has_draft: bool,
     pub default_mode: String,
     pub vocab_size: usize,

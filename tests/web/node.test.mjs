@@ -18,7 +18,7 @@ const n = 24;
 const phases = new Set();
 const engine = await Saguaro.load({ target: bytes, draft: new Uint8Array(bytes) }, { onProgress: (p) => phases.add(p.phase) });
 check(engine.info.backend === 'cpu' && engine.info.hasDraft, `loaded on the CPU with a draft (${JSON.stringify(engine.info)})`);
-// Node 20's V8 runs relaxed SIMD only behind a flag, so the package loads its simd128 build.
+// Node 20's V8 runs relaxed SIMD only behind a flag, so the package loads a simd128 build (in Node, the threads one).
 check(/simd128/.test(engine.info.targetBackend), `the CPU target runs the simd128 kernels (${engine.info.targetBackend})`);
 check(phases.has('download'), 'progress reported');
 
@@ -38,10 +38,10 @@ check(tl.every((r) => r.accepted <= r.proposed) && committed >= n - 1 && committ
   `SSD timeline: its rounds commit the ${n - 1} tokens after the prefill's (${committed}, the last ${lastCommit})`);
 check(tl.every((r, i) => r.verify[0] <= r.verify[1] && (i === 0 || tl[i - 1].verify[1] <= r.verify[0])) && tl[tl.length - 1].verify[1] <= ssd.stats.decodeMs + 1,
   'SSD timeline: the verifies follow one another within the decode time');
-console.log(`metrics: node wasm CPU (1 thread): AR ${ar.stats.tokensPerS.toFixed(1)} tok/s, SSD ${ssd.stats.tokensPerS.toFixed(1)} tok/s (draft inline)`);
+console.log(`metrics: node wasm CPU (${engine.info.threads} threads): AR ${ar.stats.tokensPerS.toFixed(1)} tok/s, SSD ${ssd.stats.tokensPerS.toFixed(1)} tok/s (draft inline)`);
 const sd = await engine.generate(g.prompt, { mode: 'sd', maxTokens: n });
 check(JSON.stringify(sd.tokens) === JSON.stringify(ar.tokens), 'SD equals AR token for token');
-console.log(`metrics: node wasm CPU (1 thread): SD ${sd.stats.tokensPerS.toFixed(1)} tok/s`);
+console.log(`metrics: node wasm CPU (${engine.info.threads} threads): SD ${sd.stats.tokensPerS.toFixed(1)} tok/s`);
 // The engine measured the modes at load and chose (refining the choice with the acceptance each
 // speculative generation sees); the package leaves the choice to it.
 const chosen = await engine.generate(g.prompt, { maxTokens: n });

@@ -1,4 +1,5 @@
-//! Row-parallel work: rayon natively, the calling thread in the browser.
+//! Row-parallel work: rayon natively; in wasm, the threads build's pool of workers sharing memory
+//! (src/wasm/threads.rs), else the calling thread alone.
 //!
 //! A forward makes hundreds of short parallel calls (one per matmul), so handing each to a pool
 //! from outside would put the caller to sleep and wake a worker every time, which costs as much
@@ -14,7 +15,9 @@ pub struct Pool {
 }
 
 #[cfg(not(feature = "native"))]
-pub struct Pool;
+pub struct Pool {
+    threads: usize,
+}
 
 #[cfg(feature = "native")]
 thread_local! {
@@ -24,7 +27,8 @@ thread_local! {
 }
 
 impl Pool {
-    /// A pool of `threads` workers counting the caller (0 = one per available core).
+    /// A pool of `threads` workers counting the caller (0 = one per available core; in wasm, all the
+    /// threads of the pool the JS side started on this thread, at most).
     pub fn new(threads: usize) -> crate::Result<Pool> {
         #[cfg(feature = "native")]
         {
@@ -36,16 +40,13 @@ impl Pool {
         }
         #[cfg(not(feature = "native"))]
         {
-            let _ = threads;
-            Ok(Pool)
+            let available = shared_threads();
+            Ok(Pool { threads: if threads == 0 { available } else { threads.min(available) } })
         }
     }
 
     pub fn threads(&self) -> usize {
-        #[cfg(feature = "native")]
-        return self.threads;
-        #[cfg(not(feature = "native"))]
-        1
+        self.threads
     }
 
     /// Run `f(chunk_index)` for every chunk in `0..n_chunks`, spread over the pool.
@@ -79,8 +80,23 @@ impl Pool {
             }
         }
         #[cfg(not(feature = "native"))]
-        (0..n_chunks).for_each(f);
+        {
+            #[cfg(all(feature = "threads", target_arch = "wasm32", target_feature = "atomics"))]
+            if n_chunks > 1 && self.threads > 1 && crate::wasm::threads::for_each(n_chunks, &f) {
+                return;
+            }
+            (0..n_chunks).for_each(f);
+        }
     }
+}
+
+/// Threads of the wasm pool this thread may use (1 without one).
+#[cfg(not(feature = "native"))]
+fn shared_threads() -> usize {
+    #[cfg(all(feature = "threads", target_arch = "wasm32", target_feature = "atomics"))]
+    return crate::wasm::threads::size();
+    #[cfg(not(all(feature = "threads", target_arch = "wasm32", target_feature = "atomics")))]
+    1
 }
 
 /// A raw output pointer shared by workers that write disjoint ranges.
