@@ -9,6 +9,7 @@ import { spawn } from 'node:child_process';
 import { createServer, request } from 'node:http';
 import { chromium } from 'playwright-core';
 import { check, golden, greedyMismatch } from './golden.mjs';
+import { dropFirstQ } from './faults.mjs';
 
 const ISOLATION = {
   'cross-origin-opener-policy': 'same-origin',
@@ -125,13 +126,7 @@ try {
   }, model);
   const liar = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
   check(!!liar, 'the draft worker is found');
-  await liar.evaluate(() => {
-    const post = MessagePort.prototype.postMessage;
-    MessagePort.prototype.postMessage = function (msg, transfer) {
-      if (msg?.q?.length) return post.call(this, { ...msg, q: msg.q.slice(1) });
-      return post.call(this, msg, transfer);
-    };
-  });
+  await dropFirstQ(liar);
   const panicked = await page.evaluate(async (prompt) => {
     const e = window.spec;
     const code = (p) => Promise.race([p.then(() => 'resolved', (err) => err.code), new Promise((r) => setTimeout(() => r('hung'), 30_000))]);

@@ -11,6 +11,7 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { chromium } from 'playwright-core';
 import { check, golden } from './golden.mjs';
+import { dropFirstQ } from './faults.mjs';
 
 const port = 8000 + Math.floor(Math.random() * 1000);
 const server = spawn('node', ['scripts/serve.mjs', '.', String(port)], { stdio: ['ignore', 'pipe', 'inherit'] });
@@ -175,13 +176,7 @@ try {
   //    its distributions trips verification's assertion) closes that worker: the generation and
   //    every later call reject with 'internal' instead of hanging or answering "busy".
   const liar = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
-  await liar.evaluate(() => {
-    const post = MessagePort.prototype.postMessage;
-    MessagePort.prototype.postMessage = function (msg, transfer) {
-      if (msg?.q?.length) return post.call(this, { ...msg, q: msg.q.slice(1) });
-      return post.call(this, msg, transfer);
-    };
-  });
+  await dropFirstQ(liar);
   const panicked = await page.evaluate(async (prompt) => {
     const e = window.demo.engine;
     const code = (p) => Promise.race([p.then(() => 'resolved', (err) => err.code), new Promise((r) => setTimeout(() => r('hung'), 30_000))]);
