@@ -2,7 +2,7 @@
 // main thread never computes) and SSD's CPU draft in a second one; in Node the same API runs
 // inline on the CPU backend. The CPU backend computes on a pool of threads sharing wasm memory
 // where it can (the threads build: Node, or a cross-origin isolated page), else on one.
-import { SaguaroError, errorInfo, isServer, whenLockFree } from './core.js';
+import { SaguaroError, canShareMemory, errorInfo, isServer, whenLockFree } from './core.js';
 
 export { SaguaroError };
 
@@ -148,7 +148,7 @@ class WorkerEngine {
     let engineThreads = threads;
     if (Number.isInteger(threads) && threads > 1) {
       if (backend === 'gpu' || draftBackend === 'gpu') engineThreads = 1;
-      else if (!globalThis.crossOriginIsolated) {
+      else if (!canShareMemory()) {
         engineThreads = 1;
         console.info('saguaro: the page is not cross-origin isolated, so the CPU backend computes on one thread ' +
           '(serve it with the headers Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp to compute on several)');

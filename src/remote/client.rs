@@ -105,6 +105,47 @@ enum Attempt {
     Permanent(String),
 }
 
+/// An error answer, with the server's reason when it gave one. The server may recover from its
+/// own failure (5xx) and from being busy (429).
+fn refused(status: u16, body: &[u8]) -> Attempt {
+    let text = String::from_utf8_lossy(body);
+    let message = serde_json::from_str::<ErrorBody>(&text).map(|e| e.error.message).unwrap_or_else(|_| text.into());
+    let m = format!("HTTP {status}: {message}");
+    if status >= 500 || status == 429 {
+        Attempt::Transient(m)
+    } else {
+        Attempt::Permanent(m)
+    }
+}
+
+/// A request's bounded retries, with a wait that doubles before each.
+struct Backoff {
+    wait: Duration,
+    retried: u32,
+}
+
+impl Backoff {
+    fn new(opts: &RemoteOptions) -> Self {
+        Backoff { wait: opts.backoff, retried: 0 }
+    }
+
+    /// Wait before sending again (counted in `target`'s stats); `false` once the retries are spent.
+    async fn again(&mut self, target: &RemoteTarget) -> bool {
+        if self.retried >= target.opts.retries {
+            return false;
+        }
+        target.link.update(|s| s.retries += 1);
+        target.transport.sleep(self.wait).await;
+        self.wait = self.wait.saturating_mul(2);
+        self.retried += 1;
+        true
+    }
+
+    fn tries(&self) -> u32 {
+        self.retried + 1
+    }
+}
+
 impl RemoteTarget {
     /// Ask the server at `opts.url` what it serves, over ureq.
     #[cfg(feature = "native")]
@@ -193,8 +234,7 @@ impl RemoteTarget {
         let url = format!("{}/generate", self.opts.url);
         let t = Instant::now();
         let mut events = Events::new(Output::new(req, room, sink), self.config.vocab_size);
-        let mut wait = self.opts.backoff;
-        let mut attempt = 0;
+        let mut backoff = Backoff::new(&self.opts);
         let failure = loop {
             let on_piece = &mut |piece: &[u8]| events.feed(piece);
             let http = HttpRequest { url: &url, body: Some(&body), limit, timeout: self.opts.timeout, on_piece: Some(on_piece) };
@@ -208,21 +248,16 @@ impl RemoteTarget {
                         (!events.done && !events.out.done()).then(|| "the event stream ended before [DONE]".to_string())
                     });
                 }
-                Ok(r) => {
-                    let text = String::from_utf8_lossy(&r.body);
-                    let message = serde_json::from_str::<ErrorBody>(&text).map(|e| e.error.message).unwrap_or_else(|_| text.into());
-                    (format!("HTTP {}: {message}", r.status), r.status >= 500 || r.status == 429)
-                }
-                Err(m) => (m, true),
+                Ok(r) => refused(r.status, &r.body),
+                Err(m) => Attempt::Transient(m),
             };
-            let (message, transient) = failure;
-            if !transient || attempt >= self.opts.retries || !events.out.tokens.is_empty() {
-                break Some(format!("{message} (after {} attempts)", attempt + 1));
+            let (message, transient) = match failure {
+                Attempt::Transient(m) => (m, true),
+                Attempt::Permanent(m) => (m, false),
+            };
+            if !(transient && events.out.tokens.is_empty() && backoff.again(self).await) {
+                break Some(format!("{message} (after {} attempts)", backoff.tries()));
             }
-            self.link.update(|s| s.retries += 1);
-            self.transport.sleep(wait).await;
-            wait = wait.saturating_mul(2);
-            attempt += 1;
         };
         let ms = elapsed_ms(t);
         let meta = events.meta.take().unwrap_or_default();
@@ -276,22 +311,15 @@ impl RemoteTarget {
     /// One request (a POST of `body`, or a GET), sent again on a transient failure up to
     /// `retries` times with a doubling wait.
     async fn call<T: DeserializeOwned>(&self, path: &str, body: Option<&[u8]>, limit: u64) -> Result<T> {
-        let mut wait = self.opts.backoff;
-        let mut attempt = 0;
+        let mut backoff = Backoff::new(&self.opts);
         loop {
-            match self.attempt(path, body, limit).await {
+            let m = match self.attempt(path, body, limit).await {
                 Ok(v) => return Ok(v),
                 Err(Attempt::Permanent(m)) => return Err(Error::server(format!("{} {path}: {m}", self.opts.url))),
-                Err(Attempt::Transient(m)) if attempt >= self.opts.retries => {
-                    let tries = attempt + 1;
-                    return Err(Error::server(format!("{} {path}: {m} (after {tries} attempts)", self.opts.url)));
-                }
-                Err(Attempt::Transient(_)) => {
-                    self.link.update(|s| s.retries += 1);
-                    self.transport.sleep(wait).await;
-                    wait = wait.saturating_mul(2);
-                    attempt += 1;
-                }
+                Err(Attempt::Transient(m)) => m,
+            };
+            if !backoff.again(self).await {
+                return Err(Error::server(format!("{} {path}: {m} (after {} attempts)", self.opts.url, backoff.tries())));
             }
         }
     }
@@ -303,11 +331,7 @@ impl RemoteTarget {
         let resp = self.transport.request(req).await.map_err(Attempt::Transient)?;
         let status = resp.status;
         if !(200..300).contains(&status) {
-            let text = String::from_utf8_lossy(&resp.body);
-            let message = serde_json::from_str::<ErrorBody>(&text).map(|e| e.error.message).unwrap_or_else(|_| text.into());
-            let m = format!("HTTP {status}: {message}");
-            // The server may recover from its own failure (5xx) and from being busy (429).
-            return Err(if status >= 500 || status == 429 { Attempt::Transient(m) } else { Attempt::Permanent(m) });
+            return Err(refused(status, &resp.body));
         }
         let value = serde_json::from_slice(&resp.body).map_err(|e| Attempt::Transient(format!("unreadable answer: {e}")))?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;

@@ -19,6 +19,7 @@ use crate::backend::Batch;
 use crate::decode::ssd::{Job, Reply};
 use crate::error::{Error, Result};
 use crate::model::runner::{BoxedLm, Hooked, Pause};
+use super::timer::sleep;
 use crate::runtime::{Channel, RelSpan};
 
 /// A reply as it crosses `postMessage`: `{ok: reply}` or `{error: {code, message}}`.
@@ -99,7 +100,7 @@ impl WireReply {
 /// prompt's prefill) holds its event loop until it ends.
 const SILENCE: Duration = Duration::from_secs(60);
 /// How often a pending reply checks that silence.
-const CHECK_MS: i32 = 1000;
+const CHECK: Duration = Duration::from_secs(1);
 /// Sent by the draft worker between its replies.
 const ALIVE: &str = "alive";
 /// Sent to the draft worker: cut the speculation short (see [`Channel::interrupt`]).
@@ -199,7 +200,7 @@ impl Channel<Job, Reply<RelSpan>> for PortChannel {
             }
             let mut next = self.replies.next();
             loop {
-                match select(next, Box::pin(sleep(CHECK_MS))).await {
+                match select(next, Box::pin(sleep(CHECK))).await {
                     Either::Left((reply, _)) => {
                         return reply.unwrap_or_else(|| Err(Error::Worker("the draft worker has stopped".into())))
                     }
@@ -225,17 +226,6 @@ impl Drop for PortChannel {
         self.port.set_onmessageerror(None);
         self.port.close();
     }
-}
-
-/// Resolves after `ms` milliseconds (`setTimeout`, in a window, a worker or Node).
-async fn sleep(ms: i32) {
-    let promise = Promise::new(&mut |resolve, _| {
-        let global = js_sys::global();
-        if let Ok(set_timeout) = js_sys::Reflect::get(&global, &"setTimeout".into()).and_then(|f| f.dyn_into::<Function>()) {
-            let _ = set_timeout.call2(&global, &resolve, &ms.into());
-        }
-    });
-    let _ = JsFuture::from(promise).await;
 }
 
 /// How long a computation may hold the event loop before it yields a turn.

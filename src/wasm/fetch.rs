@@ -5,21 +5,18 @@
 use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
-use js_sys::{Function, Promise, Reflect, Uint8Array};
+use js_sys::{Promise, Reflect, Uint8Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{AbortController, Headers, Request, RequestInit, Response, ReadableStreamDefaultReader};
 
+use super::timer::{clear_timeout, millis, set_timeout};
 use crate::remote::transport::{HttpRequest, HttpResponse, Transport};
 
 #[wasm_bindgen]
 extern "C" {
     #[wasm_bindgen(js_name = fetch)]
     fn global_fetch(req: &Request) -> Promise;
-    #[wasm_bindgen(js_name = setTimeout)]
-    fn set_timeout(f: &Function, ms: i32) -> JsValue;
-    #[wasm_bindgen(js_name = clearTimeout)]
-    fn clear_timeout(id: &JsValue);
 }
 
 pub struct Fetch;
@@ -37,10 +34,6 @@ impl Drop for Deadline {
     }
 }
 
-fn millis(d: Duration) -> i32 {
-    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
-}
-
 impl Transport for Fetch {
     fn request<'a>(&'a self, req: HttpRequest<'a>) -> LocalBoxFuture<'a, Result<HttpResponse, String>> {
         Box::pin(async move {
@@ -54,12 +47,7 @@ impl Transport for Fetch {
     }
 
     fn sleep(&self, d: Duration) -> LocalBoxFuture<'static, ()> {
-        Box::pin(async move {
-            let timer = Promise::new(&mut |resolve, _| {
-                set_timeout(&resolve, millis(d));
-            });
-            let _ = JsFuture::from(timer).await;
-        })
+        Box::pin(super::timer::sleep(d))
     }
 }
 

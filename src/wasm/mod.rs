@@ -13,6 +13,7 @@
 mod channel;
 mod fetch;
 mod options;
+mod timer;
 #[cfg(all(feature = "threads", target_feature = "atomics"))]
 pub(crate) mod threads;
 
@@ -230,7 +231,7 @@ impl WasmEngine {
     pub fn load_remote(target: JsValue, draft: ModelBuffer, opts: JsValue) -> Promise {
         install_panic_hook();
         future_to_promise(async move {
-            let server: options::ServerTarget = options::parse(target)?;
+            let server: options::ServerTarget = options::parse_named(target, "target")?;
             let remote = server.remote_options()?;
             let opts: LoadOpts = options::parse(opts)?;
             let engine_opts = opts.engine_options()?;
@@ -246,7 +247,7 @@ impl WasmEngine {
     /// Check a server target's fields before any model is fetched.
     #[wasm_bindgen(js_name = checkServer)]
     pub fn check_server(target: JsValue) -> Result<(), JsValue> {
-        let server: options::ServerTarget = options::parse(target)?;
+        let server: options::ServerTarget = options::parse_named(target, "target")?;
         server.remote_options().map(drop)
     }
 
@@ -293,7 +294,7 @@ impl WasmEngine {
             let c = engine.target_config();
             options::EngineInfo {
                 target_backend: engine.target_backend(),
-                threads: pool_threads(),
+                threads: crate::backend::cpu::pool::shared_threads(),
                 has_draft: engine.has_draft(),
                 default_mode: engine.default_mode().to_string(),
                 vocab_size: c.vocab_size,
@@ -334,14 +335,6 @@ impl WasmEngine {
             to_js(&completion)
         })
     }
-}
-
-/// Threads of this instance's compute pool (1 in the single-thread builds).
-fn pool_threads() -> usize {
-    #[cfg(all(feature = "threads", target_feature = "atomics"))]
-    return threads::size();
-    #[cfg(not(all(feature = "threads", target_feature = "atomics")))]
-    1
 }
 
 /// SSD's draft model in its own worker.

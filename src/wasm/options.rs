@@ -22,14 +22,19 @@ fn invalid(msg: String) -> JsValue {
 /// serde-wasm-bindgen reads a struct's fields by name and never sees the other keys of an
 /// object: these structs' `deny_unknown_fields` is the one list of option names, for JS too.
 pub fn parse<T: DeserializeOwned + Default>(v: JsValue) -> Result<T, JsValue> {
+    parse_named(v, "options")
+}
+
+/// [`parse`], its errors starting with `what` (the object's name in the JS API).
+pub fn parse_named<T: DeserializeOwned + Default>(v: JsValue, what: &str) -> Result<T, JsValue> {
     if v.is_undefined() || v.is_null() {
         return Ok(T::default());
     }
     let json = js_sys::JSON::stringify(&v)
         .ok()
         .and_then(|s| s.as_string())
-        .ok_or_else(|| invalid("options: expected a plain object".into()))?;
-    serde_json::from_str(&json).map_err(|e| invalid(format!("options: {e}")))
+        .ok_or_else(|| invalid(format!("{what}: expected a plain object")))?;
+    serde_json::from_str(&json).map_err(|e| invalid(format!("{what}: {e}")))
 }
 
 #[derive(Default, Deserialize)]

@@ -31,6 +31,19 @@ try {
   check(bad?.code === 'invalid_argument' && /target\.server/.test(bad.message), `a server address that is not http:// is refused (${bad?.message})`);
   const alone = await failure(Saguaro.load({ target: { server: serve.url } }));
   check(alone?.code === 'invalid_argument' && /draft/.test(alone.message), `a server target without a draft is refused (${alone?.message})`);
+  // Values out of range are refused by name; a wrong type or sign by the parser, which names the
+  // object only.
+  const badFields = [
+    ['topN', 0, 'target.topN: must be at least 1'],
+    ['timeoutMs', -1, 'target.timeoutMs: must be a positive'],
+    ['timeoutMs', 'soon', 'target: invalid type'],
+    ['retries', -1, 'target: invalid value'],
+    ['port', 80, 'target: unknown field `port`'],
+  ];
+  for (const [field, value, says] of badFields) {
+    const e = await failure(Saguaro.load({ target: { server: serve.url, [field]: value }, draft: bytes }));
+    check(e?.code === 'invalid_argument' && e.message.startsWith(says), `target.${field} ${JSON.stringify(value)} is refused (${e?.message})`);
+  }
   const nobody = await failure(Saguaro.load({ target: { server: 'http://127.0.0.1:9', retries: 0 }, draft: bytes }));
   check(nobody?.code === 'server_error', `a server that is not there fails the load with server_error (${nobody?.message})`);
 

@@ -3,7 +3,7 @@
 
 mod kernels;
 mod matmul;
-mod pool;
+pub(crate) mod pool;
 mod quantize;
 
 use std::future::{ready, Future};

@@ -92,7 +92,7 @@ impl Pool {
 
 /// Threads of the wasm pool this thread may use (1 without one).
 #[cfg(not(feature = "native"))]
-fn shared_threads() -> usize {
+pub(crate) fn shared_threads() -> usize {
     #[cfg(all(feature = "threads", target_arch = "wasm32", target_feature = "atomics"))]
     return crate::wasm::threads::size();
     #[cfg(not(all(feature = "threads", target_arch = "wasm32", target_feature = "atomics")))]
