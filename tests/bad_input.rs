@@ -4,10 +4,10 @@ mod util;
 
 use std::sync::Arc;
 
+use saguaro::model::gguf_writer::{GgufWriter, Val};
 use saguaro::model::load::{from_gguf, from_hf, open, FileSource};
 use saguaro::storage::Storage;
 use saguaro::Error;
-use util::gguf_writer::{GgufWriter, Val};
 
 fn load_err(bytes: Vec<u8>) -> String {
     match from_gguf(Arc::new(bytes)) {

@@ -32,6 +32,9 @@ pub struct BenchOptions {
     /// how a forward reads them (a model's matrices together outgrow the caches), while a
     /// single copy stays in cache after the warm-up and times the arithmetic alone.
     pub working_set: usize,
+    /// Time the output head's matmul too (`vocab` rows of `d_model`): one large matrix, which
+    /// measures a kernel's streaming of weights apart from the cost of each call.
+    pub head: bool,
 }
 
 impl Default for BenchOptions {
@@ -48,6 +51,7 @@ impl Default for BenchOptions {
             dtypes: vec![DType::F16, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K],
             reps: 10,
             working_set: 256 << 20,
+            head: false,
         }
     }
 }
@@ -187,8 +191,9 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
     for &dtype in &o.dtypes {
         // The FFN down projection (K = d_ffn, a whole number of 256-value K-quant blocks where
         // d_model need not be), whose batch of activations outgrows L1, and the up projection
-        // (K = d_model) where its K is whole blocks too.
-        for (i, (n, k)) in [(d, f), (f, d)].into_iter().enumerate() {
+        // (K = d_model) where its K is whole blocks too; with `head`, the output head likewise.
+        let head = o.head.then_some((o.vocab, d));
+        for (i, (n, k)) in [(d, f), (f, d)].into_iter().chain(head).enumerate() {
             if i > 0 && k % dtype.block_size() != 0 {
                 continue;
             }

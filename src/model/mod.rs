@@ -4,9 +4,12 @@
 pub mod arch;
 pub mod config;
 pub mod gguf;
+pub mod gguf_writer;
 pub mod load;
 pub mod runner;
 pub mod slim;
+#[cfg(feature = "native")]
+pub mod synth;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;

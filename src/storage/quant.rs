@@ -40,22 +40,33 @@ impl DType {
         DType::Q6K,
     ];
 
-    /// The ggml type id stored in GGUF tensor infos.
+    /// Each type with the ggml type id stored in GGUF tensor infos.
+    const GGML_IDS: [(DType, u32); 11] = [
+        (DType::F32, 0),
+        (DType::F16, 1),
+        (DType::Q4_0, 2),
+        (DType::Q4_1, 3),
+        (DType::Q5_0, 6),
+        (DType::Q5_1, 7),
+        (DType::Q8_0, 8),
+        (DType::Q4K, 12),
+        (DType::Q5K, 13),
+        (DType::Q6K, 14),
+        (DType::BF16, 30),
+    ];
+
+    /// The type of a ggml type id stored in GGUF tensor infos.
     pub fn from_ggml(id: u32) -> Result<Self> {
-        Ok(match id {
-            0 => DType::F32,
-            1 => DType::F16,
-            2 => DType::Q4_0,
-            3 => DType::Q4_1,
-            6 => DType::Q5_0,
-            7 => DType::Q5_1,
-            8 => DType::Q8_0,
-            12 => DType::Q4K,
-            13 => DType::Q5K,
-            14 => DType::Q6K,
-            30 => DType::BF16,
-            _ => return Err(Error::Unsupported(format!("ggml tensor type {id}"))),
-        })
+        Self::GGML_IDS
+            .iter()
+            .find(|&&(_, i)| i == id)
+            .map(|&(d, _)| d)
+            .ok_or_else(|| Error::Unsupported(format!("ggml tensor type {id}")))
+    }
+
+    /// The ggml type id of this type, as GGUF tensor infos store it.
+    pub fn ggml_id(self) -> u32 {
+        Self::GGML_IDS.iter().find(|&&(d, _)| d == self).map(|&(_, i)| i).expect("every type has a ggml id")
     }
 
     pub fn block_size(self) -> usize {
@@ -272,6 +283,14 @@ mod tests {
         }
         let err = "q3_k".parse::<DType>().unwrap_err().to_string();
         assert!(err.contains("unknown weight type 'q3_k'") && err.contains("q4_k"), "{err}");
+    }
+
+    #[test]
+    fn ggml_ids_read_back() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_ggml(d.ggml_id()).unwrap(), d);
+        }
+        assert!(DType::from_ggml(4).is_err(), "Q4_2 was removed from ggml");
     }
 
     #[test]

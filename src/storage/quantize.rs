@@ -1,11 +1,12 @@
-//! f32 values into the block formats of [`quant`](super::quant) (Q8_0, Q4_0, Q4_1, Q4_K), each
-//! block's scale (and min) derived from the block's own values, as ggml's reference quantizers
-//! derive them.
+//! f32 values into the block formats of [`quant`](super::quant) (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K),
+//! each block's scale (and min) derived from the block's own values, as ggml's reference
+//! quantizers derive them.
 //!
 //! The stored f16 scales are rounded outward (away from zero, the min down) before the values are
 //! quantized against them, so the levels always span the block and every value dequantizes within
-//! half a step of itself. The one exception is Q4_0's sign: its levels are -8..7 and the largest
-//! magnitude takes -8, so the other sign reaches only 7 steps and may be off by up to one step.
+//! half a step of itself. The one exception is the sign of Q4_0 and of Q6_K's sub-blocks: their
+//! levels are -8..7 (-32..31) and the largest magnitude takes -8 (-32), so the other sign reaches
+//! one step less and may be off by up to one step.
 
 use half::f16;
 
@@ -13,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::storage::quant::{DType, QK, QK_K};
 
 /// The formats [`quantize`] writes.
-pub const QUANTIZERS: [DType; 4] = [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K];
+pub const QUANTIZERS: [DType; 5] = [DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K, DType::Q6K];
 
 /// Quantize `x` (a whole number of blocks) into `out`, which must hold exactly those blocks.
 pub fn quantize(dtype: DType, x: &[f32], out: &mut [u8]) -> Result<()> {
@@ -63,9 +64,14 @@ fn blocks(dtype: DType, x: &[f32], out: &mut [u8]) {
                 q4_1(x, b)
             }
         }
-        _ => {
+        DType::Q4K => {
             for (x, b) in pairs {
                 q4_k(x, b)
+            }
+        }
+        _ => {
+            for (x, b) in pairs {
+                q6_k(x, b)
             }
         }
     }
@@ -204,6 +210,35 @@ fn q4_k(x: &[f32], b: &mut [u8]) {
     }
 }
 
+/// Sixteen sub-blocks of 16 values, each `y = d * sc * q` with 6-bit `q` in -32..31 and a signed
+/// 8-bit `sc`. As in Q4_0, each sub-block's value of largest magnitude, with its sign, takes level
+/// -32; its scale is rounded away from zero to a multiple of `d`, so the levels span the sub-block.
+#[inline(always)]
+fn q6_k(x: &[f32], b: &mut [u8]) {
+    const SUB: usize = 16;
+    let want: [f32; 16] = std::array::from_fn(|j| {
+        let max = x[SUB * j..SUB * j + SUB].iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        max / -32.0
+    });
+    let d = f16_up(want.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0);
+    let id = inverse(d.to_f32());
+    let scales: [i8; 16] = std::array::from_fn(|j| ((want[j].abs() * id).ceil().min(127.0) * want[j].signum()) as i8);
+    let steps: [f32; 16] = std::array::from_fn(|j| inverse(d.to_f32() * scales[j] as f32));
+    // 128 values per half: the low 4 bits of value 32t + l in byte l (+ 32 when t is odd) of
+    // `ql`, the low nibble for t < 2; its high 2 bits at bit 2t of byte l of `qh`.
+    b[..192].fill(0);
+    for (i, &v) in x.iter().enumerate() {
+        let q = (round(v * steps[i / SUB]).clamp(-32.0, 31.0) as i32 + 32) as u8;
+        let (n, t, l) = (i / 128, i % 128 / 32, i % 32);
+        b[64 * n + 32 * (t & 1) + l] |= (q & 0xF) << (4 * (t >> 1));
+        b[128 + 32 * n + l] |= (q >> 4) << (2 * t);
+    }
+    for (o, s) in b[192..208].iter_mut().zip(scales) {
+        *o = s as u8;
+    }
+    b[208..210].copy_from_slice(&d.to_le_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +321,23 @@ mod tests {
                     })
                     .collect()
             }
+            DType::Q6K => {
+                let d = f16_at(b, 208);
+                let amax: Vec<f32> = x.chunks(16).map(|s| s.iter().fold(0.0f32, |m, v| m.max(v.abs()))).collect();
+                tight(d, amax.iter().fold(0.0f32, |m, &v| m.max(v)) / 32.0 / 127.0, "d");
+                (0..QK_K)
+                    .map(|i| {
+                        let step = d * (b[192 + i / 16] as i8) as f32;
+                        tight(step.abs(), amax[i / 16] / 32.0 + d, "sub-block step");
+                        // The sub-block's largest magnitude is at level -32, so its sign is -sign(step).
+                        if x[i] * step <= 0.0 {
+                            step.abs() / 2.0
+                        } else {
+                            step.abs()
+                        }
+                    })
+                    .collect()
+            }
             _ => unreachable!(),
         }
     }
@@ -356,8 +408,8 @@ mod tests {
     fn sizes_and_formats_are_checked() {
         assert!(quantize(DType::Q4_0, &[0.0; 32], &mut [0u8; 17]).is_err());
         assert!(quantize(DType::Q4_0, &[0.0; 33], &mut [0u8; 18]).is_err());
-        let err = quantize(DType::Q6K, &[0.0; 256], &mut [0u8; 210]).unwrap_err().to_string();
-        assert!(err.contains("q6_k"), "{err}");
+        let err = quantize(DType::Q5K, &[0.0; 256], &mut [0u8; 176]).unwrap_err().to_string();
+        assert!(err.contains("q5_k"), "{err}");
     }
 
     #[test]

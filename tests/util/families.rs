@@ -25,7 +25,7 @@
 //! The vocabulary is byte-level BPE ("gpt2", pre-tokenizer "gpt-2"): the 256 byte symbols (id =
 //! byte value), a few merges, then the family's special tokens (control type).
 
-use super::gguf_writer::{GgufWriter, Val};
+use saguaro::model::gguf_writer::{GgufWriter, Val};
 use super::rand::TestRng;
 
 pub const FAMILIES: [&str; 4] = ["qwen3", "llama3", "phi3", "gemma3"];

@@ -2,7 +2,6 @@
 #![allow(dead_code)]
 
 pub mod families;
-pub mod gguf_writer;
 pub mod rand;
 pub mod reference;
 

@@ -67,6 +67,14 @@ pub struct BenchKernelsArgs {
     /// (default: the best this CPU runs, or `SAGUARO_KERNELS`). `saguaro devices` lists them.
     #[arg(long, value_delimiter = ',', value_parser = parse_kernel_set)]
     kernels: Vec<KernelSet>,
+    /// Time the output head's matmul too (vocab rows of d_model): one large matrix, whose
+    /// bandwidth is the kernel's streaming of weights apart from the cost of each call.
+    #[arg(long)]
+    head: bool,
+    /// The memory's peak bandwidth in GB/s (an H200's HBM3e: 4800): each line then gives its
+    /// GB/s as a share of it.
+    #[arg(long)]
+    peak_gbs: Option<f64>,
     /// Print one JSON array instead of the table.
     #[arg(long)]
     json: bool,
@@ -85,10 +93,14 @@ fn options(args: &BenchKernelsArgs) -> Result<BenchOptions> {
         reps: args.reps,
         rows: args.rows.clone(),
         working_set: args.working_set_mb << 20,
+        head: args.head,
         ..Default::default()
     };
     if o.rows.is_empty() || o.rows.contains(&0) || o.reps == 0 {
         return Err(Error::InvalidArgument("--rows and --reps must be positive".into()));
+    }
+    if args.peak_gbs.is_some_and(|p| !(p.is_finite() && p > 0.0)) {
+        return Err(Error::InvalidArgument("--peak-gbs must be a positive number of GB/s".into()));
     }
     o.dtypes = args.dtypes.clone();
     if let Some(path) = &args.model {
@@ -120,13 +132,15 @@ pub fn bench(args: &BenchKernelsArgs) -> Result<()> {
         }
     };
     for (name, rows) in runs {
-        report(args.json, &name, &rows);
+        report(args.json, args.peak_gbs, &name, &rows);
     }
     Ok(())
 }
 
-/// One backend's timings, as a table or as one line of JSON.
-fn report(json: bool, name: &str, rows: &[KernelBench]) {
+/// One backend's timings, as a table or as one line of JSON; with `peak` (GB/s), each bandwidth's
+/// share of it.
+fn report(json: bool, peak: Option<f64>, name: &str, rows: &[KernelBench]) {
+    let share = |r: &KernelBench| peak.map(|p| r.gb_per_s / p);
     if json {
         let rows: Vec<_> = rows
             .iter()
@@ -139,14 +153,18 @@ fn report(json: bool, name: &str, rows: &[KernelBench]) {
                     "gb_per_s": r.gb_per_s,
                     "gflop_per_s": r.gflop_per_s,
                     "vs_one_row": r.vs_one_row,
+                    "of_peak": share(r),
                 })
             })
             .collect();
-        println!("{}", json!({"backend": name, "kernels": rows}));
+        println!("{}", json!({"backend": name, "peak_gb_per_s": peak, "kernels": rows}));
     } else {
         println!("{name}");
         for r in rows {
-            println!("{r}");
+            match share(r) {
+                Some(s) => println!("{r} {:>6.1}% of peak", 100.0 * s),
+                None => println!("{r}"),
+            }
         }
     }
 }

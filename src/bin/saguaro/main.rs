@@ -4,6 +4,7 @@ mod bench;
 mod kernels;
 mod serve;
 mod setup;
+mod synth;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -48,6 +49,9 @@ enum Command {
     /// Serve a target model over HTTP with SGLang's `/generate` API, for drafts elsewhere
     /// (`generate --target http://HOST:PORT --draft ...`) to verify against.
     Serve(serve::ServeArgs),
+    /// Write a GGUF model of a real model's shape (Qwen 2.5 0.5B to 7B) with random weights in a
+    /// given storage type, for timing where no model file can be fetched.
+    Synth(synth::SynthArgs),
 }
 
 #[derive(Args)]
@@ -139,6 +143,7 @@ fn main() -> ExitCode {
         Command::BenchKernels(a) => kernels::bench(a),
         Command::Devices => kernels::devices(),
         Command::Serve(a) => serve::serve(a),
+        Command::Synth(a) => synth::synth(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,8 @@
-//! A minimal GGUF v3 writer for building malformed and tiny model files in tests.
+//! A minimal GGUF v3 writer: metadata of the types model files use and tensors in any stored
+//! type, each tensor aligned to 32 bytes. It writes the files of `saguaro synth` (`model::synth`)
+//! and the tests' tiny and malformed models.
+
+use std::io::{self, Write};
 
 pub enum Val {
     U32(u32),
@@ -17,6 +21,8 @@ pub struct GgufWriter {
     tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
 }
 
+const ALIGNMENT: usize = 32;
+
 fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend((s.len() as u64).to_le_bytes());
     out.extend(s.as_bytes());
@@ -27,12 +33,14 @@ impl GgufWriter {
         self.kv.push((k.into(), v));
         self
     }
+    /// A tensor of ggml type `ty` (see `DType::ggml_id`) with ggml's dims (the row length first).
     pub fn tensor(mut self, name: &str, dims: &[u64], ty: u32, data: Vec<u8>) -> Self {
         self.tensors.push((name.into(), dims.to_vec(), ty, data));
         self
     }
-    /// Serialise; `declared_tensor_count` overrides the header's tensor count when given.
-    pub fn build_with(&self, declared_tensor_count: Option<u64>) -> Vec<u8> {
+    /// The header, metadata and tensor infos, padded to the alignment; `declared_tensor_count`
+    /// overrides the header's tensor count when given.
+    fn head(&self, declared_tensor_count: Option<u64>) -> Vec<u8> {
         let mut out = b"GGUF".to_vec();
         out.extend(3u32.to_le_bytes());
         out.extend(declared_tensor_count.unwrap_or(self.tensors.len() as u64).to_le_bytes());
@@ -77,13 +85,28 @@ impl GgufWriter {
             dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
             out.extend(ty.to_le_bytes());
             out.extend(offset.to_le_bytes());
-            offset += (data.len() as u64).div_ceil(32) * 32;
+            offset += data.len().next_multiple_of(ALIGNMENT) as u64;
         }
-        out.resize(out.len().div_ceil(32) * 32, 0);
+        out.resize(out.len().next_multiple_of(ALIGNMENT), 0);
+        out
+    }
+    /// Write the file to `out`, one tensor at a time.
+    pub fn write_to(&self, out: &mut impl Write) -> io::Result<()> {
+        self.write_with(out, None)
+    }
+    fn write_with(&self, out: &mut impl Write, declared_tensor_count: Option<u64>) -> io::Result<()> {
+        out.write_all(&self.head(declared_tensor_count))?;
+        let zeros = [0u8; ALIGNMENT];
         for (_, _, _, data) in &self.tensors {
-            out.extend(data);
-            out.resize(out.len().div_ceil(32) * 32, 0);
+            out.write_all(data)?;
+            out.write_all(&zeros[..data.len().next_multiple_of(ALIGNMENT) - data.len()])?;
         }
+        Ok(())
+    }
+    /// Serialise; `declared_tensor_count` overrides the header's tensor count when given.
+    pub fn build_with(&self, declared_tensor_count: Option<u64>) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_with(&mut out, declared_tensor_count).expect("writing to memory cannot fail");
         out
     }
     pub fn build(&self) -> Vec<u8> {
