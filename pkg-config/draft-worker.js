@@ -1,6 +1,8 @@
-// SSD's draft in its own Web Worker, on the wasm CPU backend: it speculates the next round while
-// the engine worker's target verifies this one, so the two really run at once. Jobs arrive on a
-// MessagePort from the engine worker and are answered strictly in order.
+// The draft in its own Web Worker, on the wasm CPU backend: for SSD it speculates the next round
+// while the engine worker's target verifies this one, so the two really run at once; for SD it
+// drafts each round's tokens; at load it times itself for the engine's choice of mode. It is the
+// one copy of the draft (the engine worker holds none). Jobs arrive on a MessagePort from the
+// engine worker and are answered strictly in order.
 import { errorInfo, holdLock, loadDraft } from './core.js';
 
 self.onmessage = async (e) => {
@@ -29,7 +31,7 @@ self.onmessage = async (e) => {
     queue = queue.then(async () => {
       try {
         const out = await draft.handle(m.data);
-        // A sampled proposal's distributions move rather than copy.
+        // A sampled proposal's distributions (SSD's or SD's) move rather than copy.
         port.postMessage(out, out.q.map((row) => row.buffer));
       } catch (err) {
         port.postMessage({ reply: { error: errorInfo(err) }, q: [] });

@@ -1,14 +1,18 @@
-// The engine's Web Worker: the target (on WebGPU or the CPU) and, for SD or a GPU draft, the
-// draft too. The page's main thread only talks to it (index.js). SSD's CPU draft lives in a
-// second worker (draft-worker.js), reached through a MessagePort the page hands over. With the
-// threads build, the same script also runs each of the engine's compute threads (core.js starts
-// them, first message `{type: 'thread'}`).
+// The engine's Web Worker: the target (on WebGPU or the CPU), and the draft only where no draft
+// worker serves it (SD without SSD, or a GPU draft). The page's main thread only talks to it
+// (index.js). A CPU draft for SSD lives in a second worker (draft-worker.js), reached through a
+// MessagePort the page hands over; it drafts for SD too, and times itself for the engine's choice
+// of mode. With the threads build, the same script also runs each compute thread of the engine
+// (or of the draft worker; core.js starts them, first message `{type: 'thread'}`).
 import { errorInfo, generate, holdLock, loadEngine, runThread, whenLockFree } from './core.js';
 
 let engine = null;
 let running = null;
 /** The generation in progress (settled when none runs): the engine is taken while it runs. */
 let generating = Promise.resolve();
+/** A draft worker being attached (settled when none is): the engine is taken while the target
+ * and the draft are timed. */
+let attaching = Promise.resolve();
 const aborted = new Set();
 
 function post(msg) {
@@ -26,14 +30,21 @@ function draftReady(port) {
   });
 }
 
-/** Use the draft worker answering on `port` for SSD; tell the page when it stops. */
-async function attach(port, ready) {
-  const draft = await ready;
-  engine.attachDraft(port, draft.info);
-  whenLockFree(draft.lock, () => {
-    engine?.draftLost('it closed, crashed or was terminated');
-    post({ type: 'draft-lost' });
-  });
+/** Use the draft worker answering on `port` for SSD, and with `sd` for SD too; tell the page when
+ * it stops (also while it is being timed). */
+function attach(port, ready, sd) {
+  const attached = (async () => {
+    const draft = await ready;
+    const timed = engine.attachDraft(port, draft.info, !!sd);
+    whenLockFree(draft.lock, () => {
+      engine?.draftLost('it closed, crashed or was terminated');
+      post({ type: 'draft-lost' });
+    });
+    await timed;
+  })();
+  // Generations wait for it (set at once: none may start in between).
+  attaching = attached.catch(() => {});
+  return attached;
 }
 
 async function handle(msg) {
@@ -44,7 +55,7 @@ async function handle(msg) {
       const onProgress = (p) => post({ type: 'progress', id: msg.id, progress: p });
       const ready = msg.draftPort ? draftReady(msg.draftPort) : null;
       engine = await loadEngine(msg.target, msg.draft, msg.opts, msg.modes, onProgress, msg.requested);
-      if (ready) await attach(msg.draftPort, ready);
+      if (ready) await attach(msg.draftPort, ready, msg.sd);
       return engine.info();
     }
     case 'attach': {
@@ -56,10 +67,11 @@ async function handle(msg) {
         await g;
       }
       if (!engine) throw { code: 'invalid_argument', message: 'no engine loaded' };
-      await attach(msg.draftPort, ready);
+      await attach(msg.draftPort, ready, msg.sd);
       return engine.info();
     }
     case 'generate': {
+      await attaching;
       if (!engine) throw { code: 'invalid_argument', message: 'no engine loaded' };
       running = msg.id;
       let run;

@@ -36,8 +36,8 @@ export type ErrorCode =
 export declare class SaguaroError extends Error {
   readonly code: ErrorCode;
   /** What a generation had produced when it stopped: for `aborted`, its result up to the stop
-   * (null when it never started); for a failure midway (e.g. `internal` when SSD's draft
-   * worker dies), the text streamed so far and how many tokens it holds. */
+   * (null when it never started); for a failure midway (e.g. `internal` when the draft worker
+   * dies during SD or SSD), the text streamed so far and how many tokens it holds. */
   partial?: GenerateResult | { text: string; generated: number } | null;
 }
 
@@ -54,7 +54,9 @@ export interface Progress {
 export interface LoadOptions {
   /** Where the target runs. Default: 'gpu' when WebGPU has an adapter, else 'cpu' (with a warning). Node: 'cpu'. */
   backend?: Backend;
-  /** Where the draft runs. Default 'cpu': SSD's draft in its own Web Worker, overlapping the target. */
+  /** Where the draft runs. Default 'cpu': in its own Web Worker (with 'ssd' among the modes),
+   * SSD's speculation overlapping the target, SD drafting there too; the engine's worker then
+   * holds no copy of the draft. */
   draftBackend?: Backend;
   onProgress?: (p: Progress) => void;
   /** Keep downloaded models in the browser's Cache API (default true). */
@@ -77,8 +79,8 @@ export interface LoadOptions {
    * the package loads its threads build (a pool of workers sharing wasm memory), which needs a
    * cross-origin isolated page (served with `Cross-Origin-Opener-Policy: same-origin` and
    * `Cross-Origin-Embedder-Policy: require-corp`); elsewhere, and when the target or the draft
-   * runs on WebGPU, the engine computes on one thread (`info.threads` says). SSD's draft worker
-   * always runs on one. 1: the single-thread build. In Node the first load picks the build for
+   * runs on WebGPU, the engine computes on one thread (`info.threads` says). The draft worker
+   * computes on as many where it drafts for SD, on one where it serves SSD alone. 1: the single-thread build. In Node the first load picks the build for
    * the process. */
   threads?: number;
 }
@@ -130,6 +132,8 @@ export interface Stats {
   meanAccepted?: number;
   cacheHitRate?: number;
   targetBusyMs: number;
+  /** Time the draft computed. SD through the draft worker: time in the worker, so that the
+   * timeline's draft spans, which the engine sees, exceed it by the rounds' trips to the worker. */
   draftBusyMs?: number;
   /** Time the draft's speculation ran at the same time as the target's verification. */
   overlapMs?: number;
@@ -193,7 +197,7 @@ export interface EngineInfo {
   /** 'server' for a server target. */
   backend: Backend | 'server';
   draftBackend: Backend | null;
-  /** Whether SSD's draft runs in its own Web Worker. */
+  /** Whether the draft runs in its own Web Worker (serving SSD, and SD with it). */
   draftWorker: boolean;
   hasDraft: boolean;
   defaultMode: Mode;

@@ -1,7 +1,8 @@
 // saguaro-web: the public API. In a browser the engine runs in a dedicated Web Worker (the page's
-// main thread never computes) and SSD's CPU draft in a second one; in Node the same API runs
-// inline on the CPU backend. The CPU backend computes on a pool of threads sharing wasm memory
-// where it can (the threads build: Node, or a cross-origin isolated page), else on one.
+// main thread never computes) and the CPU draft of SSD (and of SD with it) in a second one; in
+// Node the same API runs inline on the CPU backend. The CPU backend computes on a pool of threads
+// sharing wasm memory where it can (the threads build: Node, or a cross-origin isolated page),
+// else on one.
 import { SaguaroError, canShareMemory, errorInfo, isServer, whenLockFree } from './core.js';
 
 export { SaguaroError };
@@ -105,9 +106,10 @@ class Rpc {
   }
 }
 
-/** SSD's draft in a new worker, loading `source`, with `port` its end of the channel to the
- * engine; `loaded` settles when it is ready. It holds the Web Lock `lock` while it lives. */
-function spawnDraft(source, cfg, lock, onProgress) {
+/** The draft in a new worker on `threads` threads, loading `source`, with `port` its end of the
+ * channel to the engine; `loaded` settles when it is ready. It holds the Web Lock `lock` while it
+ * lives. */
+function spawnDraft(source, cfg, threads, lock, onProgress) {
   const channel = new MessageChannel();
   const worker = new Worker(new URL('./draft-worker.js', import.meta.url), { type: 'module', name: 'saguaro-draft' });
   const loaded = new Promise((resolve, reject) => {
@@ -121,11 +123,12 @@ function spawnDraft(source, cfg, lock, onProgress) {
   });
   // A draft worker that fails once loaded is ended: the engine worker sees it go.
   loaded.then(() => (worker.onerror = () => worker.terminate()), () => {});
-  worker.postMessage({ port: channel.port2, source, opts: { ...cfg, backend: 'cpu', threads: 1 }, lock }, [channel.port2]);
+  worker.postMessage({ port: channel.port2, source, opts: { ...cfg, backend: 'cpu', threads }, lock }, [channel.port2]);
   return { worker, port: channel.port1, loaded };
 }
 
-/** The browser placement: engine worker, plus a draft worker for SSD on the CPU. */
+/** The browser placement: engine worker, plus a draft worker on the CPU for SSD, which serves SD
+ * too. */
 class WorkerEngine {
   static async load(models, opts, modes) {
     const gpu = await webgpuAdapter();
@@ -141,10 +144,18 @@ class WorkerEngine {
     const target = transferable(models.target, 'target');
     const draft = models.draft ? transferable(models.draft, 'draft') : null;
     const remoteSsd = !!draft && modes.includes('ssd') && draftBackend === 'cpu';
-    const localModes = modes.filter((m) => m === 'sd' || (m === 'ssd' && !remoteSsd));
+    // The draft worker drafts for SD as well: one copy of the draft, held there. Without SSD
+    // (or with the draft on WebGPU) the engine worker holds it.
+    const workerSd = remoteSsd && modes.includes('sd');
+    const localModes = remoteSsd ? [] : modes.filter((m) => m === 'sd' || m === 'ssd');
     // The threads build computes on the CPU only: it serves an engine worker with nothing on
-    // WebGPU, on a page whose memory can be shared. SSD's draft worker runs on one thread.
+    // WebGPU, on a page whose memory can be shared, and a draft worker that drafts for SD there
+    // (SD's drafting runs between the target's forwards, as it would on the engine worker's pool;
+    // SSD beside a GPU or server target leaves the cores to its speculation). A draft worker for
+    // SSD alone runs on one thread, beside the target.
     const threads = opts.threads ?? defaultThreads(globalThis.navigator?.hardwareConcurrency);
+    const shareable = Number.isInteger(threads) && threads > 1 && canShareMemory();
+    const draftThreads = workerSd && shareable ? threads : 1;
     let engineThreads = threads;
     if (Number.isInteger(threads) && threads > 1) {
       if (backend === 'gpu' || draftBackend === 'gpu') engineThreads = 1;
@@ -160,25 +171,29 @@ class WorkerEngine {
     const rpc = new Rpc(worker);
     // Each worker holds a Web Lock while it lives; waiting on it is how its end is seen.
     const lockId = `saguaro-${Math.random().toString(36).slice(2)}`;
-    const spawn = remoteSsd ? (n) => spawnDraft(draft, cfg, `${lockId}-draft-${n}`, opts.onProgress) : null;
-    // With SD prepared too, the engine worker reads the draft as well (and with a server target,
-    // whose tokenizer is the draft's): the draft worker then starts once that copy is in, and
-    // reads it from the Cache API rather than downloading it a second time.
+    const spawn = remoteSsd ? (n) => spawnDraft(draft, cfg, draftThreads, `${lockId}-draft-${n}`, opts.onProgress) : null;
+    // The engine worker reads the draft only to hold it itself, or with a server target, whose
+    // tokenizer is the draft's (the engine then keeps the tokenizer alone): the draft worker then
+    // starts once that read is done, and reads the draft from the Cache API rather than
+    // downloading it a second time.
     const localDraft = localModes.length > 0 || server;
-    let first = localDraft ? null : spawn?.(0);
+    // A draft that is the target's own file (a model drafting for itself) is read once the
+    // target's read has put it in the Cache API, rather than downloaded twice at once.
+    const sameFile = typeof draft === 'string' && draft === target && opts.cache !== false;
+    let first = localDraft || sameFile ? null : spawn?.(0);
     try {
       const load = rpc.call(
-        { type: 'load', target, draft: localDraft ? draft : null, opts: cfg, modes: localModes, requested: modes, draftPort: first?.port, lock: `${lockId}-engine` },
+        { type: 'load', target, draft: localDraft ? draft : null, opts: cfg, modes: localModes, requested: modes, draftPort: first?.port, sd: workerSd, lock: `${lockId}-engine` },
         { onProgress: opts.onProgress, transfer: first ? [first.port] : [] },
       );
       let [info] = await Promise.all([load.done, first?.loaded]);
       if (spawn && !first) {
         first = spawn(0);
         await first.loaded;
-        info = await rpc.call({ type: 'attach', draftPort: first.port }, { transfer: [first.port] }).done;
+        info = await rpc.call({ type: 'attach', draftPort: first.port, sd: workerSd }, { transfer: [first.port] }).done;
       }
       whenLockFree(`${lockId}-engine`, () => rpc.lost('the engine worker stopped (it closed or crashed): load the models again'));
-      return new WorkerEngine(rpc, first?.worker ?? null, spawn, { ...info, backend: server ? 'server' : backend, draftBackend: draft ? draftBackend : null, draftWorker: remoteSsd });
+      return new WorkerEngine(rpc, first?.worker ?? null, spawn, workerSd, { ...info, backend: server ? 'server' : backend, draftBackend: draft ? draftBackend : null, draftWorker: remoteSsd });
     } catch (e) {
       rpc.terminate();
       first?.worker.terminate();
@@ -189,21 +204,23 @@ class WorkerEngine {
   #spawned = 0;
   #disposed = false;
 
-  constructor(rpc, draftWorker, spawn, info) {
+  constructor(rpc, draftWorker, spawn, workerSd, info) {
     this.rpc = rpc;
     this.draftWorker = draftWorker;
     this.info = info;
-    // A draft worker that stopped is replaced; until the new one is ready, SSD fails at once.
+    // A draft worker that stopped is replaced; until the new one is ready, the modes it serves
+    // fail at once.
     rpc.onEvent = (m) => {
-      if (m.type === 'draft-lost' && spawn && !this.#disposed) this.#replaceDraft(spawn).catch((e) => console.warn(`saguaro: the SSD draft worker could not be restarted (${e.message})`));
+      if (m.type === 'draft-lost' && spawn && !this.#disposed) this.#replaceDraft(spawn, workerSd).catch((e) => console.warn(`saguaro: the draft worker could not be restarted (${e.message})`));
     };
   }
 
-  async #replaceDraft(spawn) {
+  async #replaceDraft(spawn, sd) {
     const next = spawn(++this.#spawned);
     this.draftWorker = next.worker;
     await next.loaded;
-    await this.rpc.call({ type: 'attach', draftPort: next.port }, { transfer: [next.port] }).done;
+    const info = await this.rpc.call({ type: 'attach', draftPort: next.port, sd }, { transfer: [next.port] }).done;
+    this.info = { ...this.info, ...info };
   }
 
   async run(prompt, opts, onText, signal) {

@@ -1,6 +1,7 @@
 // A small static file server for the demo: serves the repository root (www/, pkg/, models/) on
 // 127.0.0.1 (a secure context, so WebGPU is available) with the right MIME types, lengths (for
-// download progress) and no caching surprises.
+// download progress) and no caching surprises. Pages are cross-origin isolated (COOP and COEP), so
+// that wasm memory can be shared and the package's CPU backend computes on several threads.
 import { createReadStream, statSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { extname, isAbsolute, join, relative, resolve, sep } from 'node:path';
@@ -59,6 +60,8 @@ createServer((req, res) => {
     'content-type': TYPES[extname(file)] ?? 'application/octet-stream',
     'content-length': st.size,
     'cache-control': 'no-cache',
+    'cross-origin-opener-policy': 'same-origin',
+    'cross-origin-embedder-policy': 'require-corp',
   });
   if (req.method === 'HEAD') return res.end();
   createReadStream(file).pipe(res);

@@ -8,8 +8,8 @@
 
 use crate::backend::cpu::{CpuBackend, Precision};
 use crate::decode::{
-    generate_ar, generate_sd, generate_sd_with, generate_ssd, Choice, Costs, DraftWorker, Fanout, FinishReason, Mode, NgramConfig,
-    PromptLookup, Request, SpecConfig, Stats,
+    generate_ar, generate_sd, generate_sd_with, generate_ssd, Choice, Costs, DraftCosts, DraftWorker, Fanout, FinishReason,
+    Mode, NgramConfig, PromptLookup, Request, SpecConfig, Stats, WorkerDrafter,
 };
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
@@ -69,7 +69,7 @@ pub struct EngineOptions {
     /// on its own worker). Empty: every mode the models allow.
     pub modes: Vec<Mode>,
     /// Where the SSD draft runs: its own thread natively; `false` runs it inline (the same
-    /// tokens, no overlap). The browser supplies a Web Worker instead ([`Engine::set_ssd_draft`]).
+    /// tokens, no overlap). The browser supplies a Web Worker instead ([`Engine::attach_draft`]).
     pub ssd_thread: bool,
     /// Draft by prompt lookup (no draft model; SD only) instead of with a model.
     pub lookup: Option<NgramConfig>,
@@ -176,6 +176,9 @@ pub struct Engine {
     separate_draft: bool,
     sd_draft: Option<BoxedLm>,
     ssd_draft: Option<DraftWorker>,
+    /// SD drafts through `ssd_draft`'s worker (a draft in a browser Web Worker serving both
+    /// modes), the engine holding no draft model of its own.
+    sd_on_worker: bool,
     /// The target for SSD when it shares the CPU with its draft: on its part of the cores.
     ssd_target: Option<BoxedLm>,
     lookup: Option<NgramConfig>,
@@ -184,6 +187,10 @@ pub struct Engine {
     choice: Option<Choice>,
     /// A target on a server: its request counters, and a handle for mode AR.
     remote: Option<Remote>,
+    /// Whether the target computes on the CPU (for a draft attached later: does it run beside?).
+    target_cpu: bool,
+    /// [`EngineOptions::auto`].
+    auto: bool,
 }
 
 struct Remote {
@@ -365,11 +372,14 @@ impl Engine {
             separate_draft,
             sd_draft,
             ssd_draft,
+            sd_on_worker: false,
             ssd_target,
             lookup: opts.lookup,
             spec: opts.spec.clone(),
             choice,
             remote: None,
+            target_cpu: matches!(opts.target, Device::Cpu { .. }),
+            auto: opts.auto,
         })
     }
 
@@ -392,8 +402,8 @@ impl Engine {
         // answers on a worker of its own.
         let choice = match (opts.auto && opts.modes.len() != 1, sd_draft.as_deref_mut()) {
             (true, Some(d)) => {
-                let mut costs = Costs::measure(target_lm.as_mut(), Some(d as &mut dyn Lm), true, tree_rows(&opts.spec)).await?;
-                costs.decode_ms = remote.server.server_decode_ms(AR_PROBE_TOKENS).await?;
+                let costs = remote_target_costs(target_lm.as_mut(), &mut remote).await?;
+                let costs = costs.with_draft(DraftCosts::measure(d, tree_rows(&opts.spec)).await?);
                 Some(costs.choose(PRIOR_ACCEPTANCE, ssd_candidate(&ssd_draft, &opts.spec)))
             }
             _ => None,
@@ -405,11 +415,14 @@ impl Engine {
             separate_draft: true,
             sd_draft,
             ssd_draft,
+            sd_on_worker: false,
             ssd_target: None,
             lookup: None,
             spec: opts.spec.clone(),
             choice,
             remote: Some(remote),
+            target_cpu: false,
+            auto: opts.auto,
         })
     }
 
@@ -436,10 +449,20 @@ impl Engine {
         opts.context.min(config.context_length) + opts.spec.draft_scratch()
     }
 
-    /// Use `draft` (a draft in a browser Web Worker) for SSD from now on; `vocab_fingerprint` is
-    /// its tokenizer's [`Tokenizer::vocab_fingerprint`]. A measured choice of mode is made again
-    /// with SSD among the candidates, its draft now computing beside the target.
-    pub fn set_ssd_draft(&mut self, draft: DraftWorker, vocab_fingerprint: &str) -> Result<()> {
+    /// Use `draft` (a draft in a browser Web Worker) for SSD from now on, and with `sd` for SD
+    /// too (through [`WorkerDrafter`]: the engine then holds no draft model, one copy serving both
+    /// modes); `vocab_fingerprint` is its tokenizer's [`Tokenizer::vocab_fingerprint`], `draft_cpu`
+    /// whether it computes on the CPU. A measured choice of mode is made again with SSD among the
+    /// candidates; where SD comes with this draft and none was made yet, the target is timed here
+    /// and the draft in its worker, and the choice made from those times (as
+    /// [`Engine::new`] makes it with a local draft).
+    pub async fn attach_draft(
+        &mut self,
+        mut draft: DraftWorker,
+        vocab_fingerprint: &str,
+        sd: bool,
+        draft_cpu: bool,
+    ) -> Result<()> {
         let ours = self.tokenizer.vocab_fingerprint();
         if ours != vocab_fingerprint {
             return Err(Error::IncompatibleDraft(format!(
@@ -447,9 +470,26 @@ impl Engine {
             )));
         }
         crate::decode::check_draft(self.target.config(), draft.config())?;
+        let sd = sd && self.sd_draft.is_none() && self.lookup.is_none();
+        let costs = match &self.choice {
+            Some(c) => Some(c.costs.clone()),
+            None if sd && self.auto => {
+                // A draft that computes beside the target has its speculation timed too.
+                let parallel = !(self.target_cpu && draft_cpu) && draft.is_concurrent();
+                let costs = match &mut self.remote {
+                    Some(remote) => remote_target_costs(self.target.as_mut(), remote).await?,
+                    None => Costs::measure_target(self.target.as_mut(), parallel).await?,
+                };
+                let rows = if parallel { tree_rows(&self.spec) } else { 0 };
+                Some(costs.with_draft(draft.measure(rows).await?))
+            }
+            None => None,
+        };
         self.ssd_draft = Some(draft);
-        if let Some(c) = &self.choice {
-            self.choice = Some(c.costs.choose(c.acceptance, ssd_candidate(&self.ssd_draft, &self.spec)));
+        self.sd_on_worker = sd;
+        if let Some(costs) = costs {
+            let acceptance = self.choice.as_ref().map_or(PRIOR_ACCEPTANCE, |c| c.acceptance);
+            self.choice = Some(costs.choose(acceptance, ssd_candidate(&self.ssd_draft, &self.spec)));
         }
         self.separate_draft = true;
         Ok(())
@@ -484,8 +524,18 @@ impl Engine {
 
     /// The mode a generation runs in when none is asked for: the measured choice (mode auto), SD
     /// for prompt lookup, SSD when its draft computes beside the target; with the SSD draft
-    /// inline, its speculation would only add to every round, so SD.
+    /// inline, its speculation would only add to every round, so SD. A mode whose draft worker
+    /// has stopped gives way to AR until another is attached.
     pub fn default_mode(&self) -> Mode {
+        let mode = self.preferred_mode();
+        let on_worker = mode == Mode::Ssd || (mode == Mode::Sd && self.sd_draft.is_none() && self.lookup.is_none());
+        match &self.ssd_draft {
+            Some(w) if on_worker && w.has_stopped() => Mode::Ar,
+            _ => mode,
+        }
+    }
+
+    fn preferred_mode(&self) -> Mode {
         if let Some(c) = &self.choice {
             return c.mode();
         }
@@ -498,6 +548,7 @@ impl Engine {
         match (&self.ssd_draft, &self.sd_draft) {
             (Some(ssd), _) if ssd.is_concurrent() => Mode::Ssd,
             (_, Some(_)) => Mode::Sd,
+            (Some(_), None) if self.sd_on_worker => Mode::Sd,
             (Some(_), None) => Mode::Ssd,
             (None, None) => Mode::Ar,
         }
@@ -586,10 +637,14 @@ impl Engine {
                 let mut lookup = PromptLookup::new(self.lookup.unwrap_or_default(), vocab)?;
                 generate_sd_with(target, &mut lookup, &req, &spec, &mut sink).await
             }
-            Mode::Sd => {
-                let draft = self.sd_draft.as_deref_mut().ok_or_else(|| not_prepared(mode))?;
-                generate_sd(target, draft, &req, &spec, &mut sink).await
-            }
+            Mode::Sd => match (self.sd_draft.as_deref_mut(), self.ssd_draft.as_mut()) {
+                (Some(draft), _) => generate_sd(target, draft, &req, &spec, &mut sink).await,
+                (None, Some(worker)) if self.sd_on_worker => {
+                    let mut drafter = WorkerDrafter::new(worker, &req, &spec);
+                    generate_sd_with(target, &mut drafter, &req, &spec, &mut sink).await
+                }
+                _ => Err(not_prepared(mode)),
+            },
             Mode::Ssd if self.lookup.is_some() => Err(Error::InvalidArgument(lookup_ssd())),
             Mode::Ssd => {
                 let draft = self.ssd_draft.as_mut().ok_or_else(|| not_prepared(mode))?;
@@ -643,6 +698,14 @@ impl Engine {
         };
         self.choice = Some(costs.choose(a, ssd_candidate(&self.ssd_draft, &self.spec)));
     }
+}
+
+/// What a target on a server costs: its forwards as timed from here (a verification pays the
+/// round trip), and as AR's cost per token the server's own decode.
+async fn remote_target_costs(target: &mut dyn Lm, remote: &mut Remote) -> Result<Costs> {
+    let mut costs = Costs::measure_target(target, true).await?;
+    costs.decode_ms = remote.server.server_decode_ms(AR_PROBE_TOKENS).await?;
+    Ok(costs)
 }
 
 /// SSD as a measured choice considers it (its largest K and fan-out): not without an SSD draft,

@@ -1,27 +1,35 @@
 //! Speculative decoding must not change what the target generates: SD and SSD reproduce
-//! autoregressive greedy decoding token for token, and autoregressive sampling in distribution.
+//! autoregressive greedy decoding token for token, and autoregressive sampling in distribution;
+//! so does SD drafting through SSD's draft worker (the one copy of the draft in the browser).
 
 mod common;
 mod util;
 
+use std::cell::Cell;
+use std::collections::VecDeque;
 use std::future::Future;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use futures::executor::block_on;
+use futures::future::LocalBoxFuture;
 
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::Batch;
 use saguaro::decode::spec::{Fault, Tree};
+use saguaro::decode::ssd::{Job, Reply};
 use saguaro::decode::{
-    generate_ar, generate_sd, generate_sd_with, generate_ssd, Backup, DraftWorker, FinishReason, Generation, NgramConfig,
-    PromptLookup, Request, SpecConfig,
+    generate_ar, generate_sd, generate_sd_with, generate_ssd, Backup, DraftHost, DraftWorker, Drafter, FinishReason,
+    Generation, Mode, NgramConfig, PromptLookup, Request, SpecConfig, WorkerDrafter,
 };
+use saguaro::engine::{Engine, EngineOptions, GenerateOptions, Prompt};
 use saguaro::model::load::ModelFile;
 use saguaro::storage::quant::DType;
-use saguaro::model::runner::{append, Hooked, Lm, Runner, Want};
+use saguaro::model::runner::{append, BoxedLm, Hooked, Lm, Runner, Want};
 use saguaro::model::slim::{frequent_tokens, Slimming};
 use saguaro::model::weights::ModelWeights;
+use saguaro::runtime::{Channel, RelSpan};
 use saguaro::sampling::{self, Rng, SamplingParams};
 use saguaro::engine::{DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT};
 use saguaro::Error;
@@ -51,6 +59,12 @@ fn sd_lookup(target: &mut dyn Lm, req: &Request, spec: &SpecConfig, config: Ngra
 
 fn ssd(target: &mut dyn Lm, draft: &mut DraftWorker, req: &Request, spec: &SpecConfig) -> Generation {
     block_on(generate_ssd(target, draft, req, spec, &mut |_| true)).unwrap()
+}
+
+/// SD drafting through SSD's draft worker.
+fn sd_on(target: &mut dyn Lm, worker: &mut DraftWorker, req: &Request, spec: &SpecConfig) -> Generation {
+    let mut drafter = WorkerDrafter::new(worker, req, spec);
+    block_on(generate_sd_with(target, &mut drafter, req, spec, &mut |_| true)).unwrap()
 }
 
 fn spec(k: usize, fanout: &str, c: f32, backup: Backup) -> SpecConfig {
@@ -117,6 +131,8 @@ fn assert_greedy_lossless(
         assert_eq!(got, want, "prompt {i}: SD with K={sd_k}");
         let unsure = SpecConfig { confidence: 0.6, ..spec(sd_k + 2, "uniform:1", 1.0, Backup::Jit) };
         assert_eq!(sd(&mut t, &mut d, &req, &unsure).tokens, want, "prompt {i}: SD stopping below confidence 0.6");
+        let through = sd_on(&mut t, &mut worker, &req, &spec(sd_k, "uniform:1", 1.0, Backup::Jit)).tokens;
+        assert_eq!(through, want, "prompt {i}: SD with K={sd_k} drafting on the SSD draft's worker");
         for s in (i..ssd_runs).step_by(prompts.len()).map(|j| &ssd_specs[j % ssd_specs.len()]) {
             let got = ssd(&mut t, &mut worker, &req, s);
             assert_eq!(got.tokens, want, "prompt {i}: SSD {s:?}");
@@ -540,4 +556,203 @@ fn the_draft_worker_survives_errors_panics_and_cancellation() {
         let _ = fut.as_mut().poll(&mut std::task::Context::from_waker(&waker));
     }
     assert_eq!(ssd(&mut t, &mut w, &req, &s).tokens, want, "usable after an abandoned generation");
+}
+
+// ---------------------------------------------------------------------------------------------
+// SD through the draft's worker: the worker that serves SSD drafts SD's tokens too, so that the
+// browser holds one copy of the draft (in its own Web Worker).
+
+/// The draft in another Web Worker as the browser has it, in process: each job and reply crosses
+/// as JSON text (plain data, as over `postMessage`), answered by a [`DraftHost`]. Setting
+/// `stopped` makes it a worker that has died: every call fails from then on.
+struct Wire {
+    host: DraftHost,
+    jobs: VecDeque<String>,
+    stopped: Rc<Cell<bool>>,
+}
+
+impl Channel<Job, Reply<RelSpan>> for Wire {
+    fn send(&mut self, job: Job) -> saguaro::Result<()> {
+        if self.stopped.get() {
+            return Err(Error::Worker("the draft worker stopped".into()));
+        }
+        self.jobs.push_back(serde_json::to_string(&job).expect("a job encodes"));
+        Ok(())
+    }
+
+    fn recv(&mut self) -> LocalBoxFuture<'_, saguaro::Result<Reply<RelSpan>>> {
+        Box::pin(async move {
+            if self.stopped.get() {
+                return Err(Error::Worker("the draft worker stopped".into()));
+            }
+            let job = self.jobs.pop_front().expect("a job in flight");
+            let job: Job = serde_json::from_str(&job).expect("a job decodes");
+            let reply = self.host.handle(job).await.map_err(|e| e.to_string());
+            let text = serde_json::to_string(&reply).expect("a reply encodes");
+            let reply: std::result::Result<Reply<RelSpan>, String> = serde_json::from_str(&text).expect("a reply decodes");
+            reply.map_err(Error::Worker)
+        })
+    }
+
+    fn interrupt(&mut self) {
+        self.host.abandon_flag().store(true, Ordering::Relaxed);
+    }
+
+    fn has_stopped(&self) -> bool {
+        self.stopped.get()
+    }
+}
+
+/// `lm` as a draft behind a [`Wire`], and the switch that stops it.
+fn wire(lm: BoxedLm) -> (DraftWorker, Rc<Cell<bool>>) {
+    let config = lm.config().clone();
+    let stopped = Rc::new(Cell::new(false));
+    let channel = Wire { host: DraftHost::new(lm), jobs: VecDeque::new(), stopped: stopped.clone() };
+    (DraftWorker::remote(Box::new(channel), config), stopped)
+}
+
+#[test]
+fn greedy_sd_through_the_draft_worker_equals_ar() {
+    let mut t = runner(&tiny().target, TINY_CAPACITY);
+    // K = 6 with the widest fan-out here needs 6 tree steps of 12 branches of scratch.
+    let draft = || Box::new(runner(&tiny().draft, 512));
+    let mut workers = [
+        ("inline", DraftWorker::inline(draft())),
+        ("thread", DraftWorker::new(draft()).unwrap()),
+        ("wire", wire(draft()).0),
+    ];
+    for (name, w) in &mut workers {
+        for k in [1, 3, 6] {
+            for confidence in [0.0, 0.6] {
+                for prompt in [&PROMPT[..], &[4, 4, 4, 4, 4][..]] {
+                    let req = request(prompt, 20, SamplingParams::default());
+                    let want = ar(&mut t, &req).tokens;
+                    let s = SpecConfig { confidence, ..spec(k, "uniform:2", 1.0, Backup::Jit) };
+                    let g = sd_on(&mut t, w, &req, &s);
+                    assert_eq!(g.tokens, want, "{name}: SD {s:?}");
+                    // The worker's drafting lies within the spans the engine waited for it.
+                    let timeline = g.stats.timeline.unwrap();
+                    let waited: f64 = timeline.iter().map(|r| r.draft.map_or(0.0, |d| d[1] - d[0])).sum();
+                    let busy = g.stats.draft_busy_ms.unwrap();
+                    assert!(busy > 0.0 && busy <= waited + 1e-3, "{name}: drafting {busy} ms, waited {waited} ms");
+                    // The same worker serves SSD between SD generations, and SD after SSD.
+                    assert_eq!(ssd(&mut t, w, &req, &s).tokens, want, "{name}: SSD after SD, {s:?}");
+                }
+            }
+        }
+        // The timing the engine's choice of mode takes from the worker.
+        let costs = block_on(w.measure(12)).unwrap();
+        let tree_timed = costs.tree_step.is_some_and(|(rows, ms)| rows == 12 && ms >= costs.step_ms);
+        assert!(costs.step_ms > 0.0 && tree_timed, "{name}: {costs:?}");
+        assert_eq!(block_on(w.measure(1)).unwrap().tree_step, None, "{name}: no tree step asked for");
+        let req = request(&PROMPT, 12, SamplingParams::default());
+        let s = spec(3, "uniform:1", 1.0, Backup::Jit);
+        assert_eq!(sd_on(&mut t, w, &req, &s).tokens, ar(&mut t, &req).tokens, "{name}: SD after the timing");
+    }
+}
+
+/// The worker draws SD's draft tokens with a stream seeded as SD seeds its in-process drafter's,
+/// from the same distributions: proposals, their q and so the output are the in-process
+/// drafter's, seed for seed (whose output `sampling_sd_is_lossless` checks against the target's
+/// exact distribution). Through the wire, each q crosses as text and must arrive unchanged.
+#[test]
+fn sampled_sd_through_the_draft_worker_equals_the_in_process_drafter_seed_for_seed() {
+    let mut t = runner(&tiny().target, TINY_CAPACITY);
+    let mut d = runner(&tiny().draft, TINY_CAPACITY);
+    let mut thread = DraftWorker::new(Box::new(runner(&tiny().draft, TINY_CAPACITY))).unwrap();
+    let (mut wired, _) = wire(Box::new(runner(&tiny().draft, TINY_CAPACITY)));
+    let unsure = SpecConfig { confidence: 0.6, ..spec(3, "uniform:1", 1.0, Backup::Jit) };
+    let mut accepted = 0.0;
+    for (params, s) in [(top4_sampling(), spec(K, "uniform:1", 1.0, Backup::Jit)), (truncated_sampling(), unsure)] {
+        for seed in 0..100 {
+            let req = Request { max_tokens: 24, ..seeded(params, seed) };
+            let want = sd(&mut t, &mut d, &req, &s);
+            for (name, w) in [("thread", &mut thread), ("wire", &mut wired)] {
+                let got = sd_on(&mut t, w, &req, &s);
+                assert_eq!(got.tokens, want.tokens, "{name}, seed {seed}, {params:?}");
+                assert_eq!(got.stats.rounds, want.stats.rounds, "{name}, seed {seed}: the same proposals");
+            }
+            accepted += want.stats.acceptance_rate.unwrap_or(0.0);
+        }
+    }
+    assert!(accepted > 20.0 && accepted < 180.0, "proposals accepted and rejected, or this proves little ({accepted})");
+}
+
+#[test]
+fn the_draft_worker_refuses_sd_jobs_out_of_step() {
+    let (mut w, _) = wire(Box::new(runner(&tiny().draft, TINY_CAPACITY)));
+    let req = request(&PROMPT, 8, SamplingParams::default());
+    let s = spec(3, "uniform:1", 1.0, Backup::Jit);
+    let mut t = runner(&tiny().target, TINY_CAPACITY);
+    let want = ar(&mut t, &req).tokens;
+    // An SSD round's job where an SD generation runs, and the other way round.
+    let mut drafter = WorkerDrafter::new(&mut w, &req, &s);
+    block_on(drafter.start(&req.prompt)).unwrap();
+    let mut rng = Rng::new(0);
+    let proposal = block_on(drafter.propose(PROMPT[2], 3, &req.sampling, &mut rng)).unwrap();
+    assert_eq!(proposal.tokens.len(), 3);
+    drafter.accept(&proposal, 4);
+    let err = block_on(drafter.propose(7, 3, &req.sampling, &mut rng)).unwrap_err();
+    assert!(matches!(err, Error::Worker(ref m) if m.contains("accepting")), "{err}");
+    assert_eq!(sd_on(&mut t, &mut w, &req, &s).tokens, want, "usable after a job out of step");
+    assert_eq!(ssd(&mut t, &mut w, &req, &s).tokens, want, "SSD too");
+}
+
+/// The browser's engine as it is placed with a draft worker: no draft model of its own, SD and
+/// SSD both served by the worker, the modes timed at load through it; a worker that stops fails
+/// the generations that need it, AR goes on, and the next worker attached takes over.
+#[test]
+fn an_engine_without_a_draft_of_its_own_drafts_sd_and_ssd_on_its_worker() {
+    let opts = EngineOptions {
+        modes: vec![Mode::Ar],
+        ssd_thread: false,
+        context: 256,
+        draft_quant: None,
+        draft_head: None,
+        ..EngineOptions::default()
+    };
+    let draft_lm = || {
+        let d = util::model(util::SMOLLM2);
+        let capacity = Engine::capacity(&d.weights.config, &opts);
+        let lm = block_on(opts.draft.runner(&d.weights, capacity)).unwrap();
+        (lm, d.tokenizer.vocab_fingerprint())
+    };
+    let smol = || util::model(util::SMOLLM2);
+    let mut engine = block_on(Engine::new(smol(), Some(smol()), &opts)).unwrap();
+    assert!(engine.choice().is_none(), "with AR alone there is nothing to choose");
+    let (lm, vocab) = draft_lm();
+    let (worker, stopped) = wire(lm);
+    block_on(engine.attach_draft(worker, &vocab, true, true)).unwrap();
+    let choice = engine.choice().expect("SD on the worker: the engine times the modes and chooses").clone();
+    assert!(choice.costs.draft_step_ms > 0.0 && choice.costs.decode_ms > 0.0, "{choice:?}");
+    assert!(choice.costs.tree_step.is_none(), "target and draft share the CPU: SSD is not a candidate ({choice:?})");
+
+    let prompt = Prompt::Text("The capital of France is".into());
+    let run = |engine: &mut Engine, mode: Option<Mode>| {
+        let opts = GenerateOptions { mode, max_tokens: 16, ..GenerateOptions::default() };
+        block_on(engine.generate(&prompt, &opts, &mut |_, _| true))
+    };
+    let want = run(&mut engine, Some(Mode::Ar)).unwrap().tokens;
+    for mode in [Mode::Sd, Mode::Ssd] {
+        let g = run(&mut engine, Some(mode)).unwrap();
+        assert_eq!((g.tokens, g.stats.mode), (want.clone(), mode.to_string()), "{mode} on the worker");
+    }
+    let chosen = run(&mut engine, None).unwrap();
+    assert!(chosen.stats.auto.is_some() && chosen.tokens == want, "the measured choice runs ({})", chosen.stats.mode);
+
+    stopped.set(true);
+    for mode in [Mode::Sd, Mode::Ssd] {
+        let err = run(&mut engine, Some(mode)).unwrap_err();
+        assert!(matches!(err, Error::Worker(ref m) if m.contains("stopped")), "{mode} with the worker gone: {err}");
+    }
+    assert_eq!(engine.default_mode(), Mode::Ar, "the default mode gives way to AR while the worker is gone");
+    assert_eq!(run(&mut engine, None).unwrap().tokens, want, "AR goes on");
+
+    let (lm, vocab) = draft_lm();
+    block_on(engine.attach_draft(wire(lm).0, &vocab, true, true)).unwrap();
+    let again = engine.choice().unwrap().costs.draft_step_ms;
+    assert_eq!(again, choice.costs.draft_step_ms, "a replacement is not timed again");
+    for mode in [Mode::Sd, Mode::Ssd] {
+        assert_eq!(run(&mut engine, Some(mode)).unwrap().tokens, want, "{mode} on the next worker");
+    }
 }

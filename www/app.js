@@ -1,7 +1,8 @@
 // The demo: load a model pair, then race plain decoding (AR) against SSD on the same engine, one
 // after the other so they never share the hardware, and draw SSD's rounds.
 // URL parameters preset the form (pair, backend, draftBackend, target, draft, prompt, maxTokens,
-// specK, chat) and `autoload=1` loads at once; `window.demo` exposes state for automated tests.
+// specK, chat), `modes` (comma-separated) the modes to prepare (default: AR and SSD, the race's),
+// and `autoload=1` loads at once; `window.demo` exposes state for automated tests.
 import { Saguaro } from '../pkg/index.js';
 
 const $ = (id) => document.getElementById(id);
@@ -79,7 +80,7 @@ async function load() {
       backend: $('backend').value || undefined,
       draftBackend: $('draftBackend').value,
       onProgress,
-      modes: models.draft ? ['ar', 'ssd'] : ['ar'],
+      modes: models.draft ? demo.modes ?? ['ar', 'ssd'] : ['ar'],
       specK: Number($('specK').value) > 4 ? Number($('specK').value) : undefined,
     });
     demo.loadMs = performance.now() - t0;
@@ -204,6 +205,7 @@ function init() {
     $('draftUrl').value = q.get('draft') ?? '';
   }
   if (q.has('chat')) $('chat').checked = q.get('chat') === '1';
+  if (q.has('modes')) demo.modes = q.get('modes').split(',');
   const showCustom = () => ($('custom').hidden = $('pair').value !== 'custom');
   $('pair').onchange = showCustom;
   showCustom();

@@ -95,12 +95,48 @@ async fn time_forward(lm: &mut dyn Lm, n: usize, reps: usize) -> Result<f64> {
     Ok(best)
 }
 
+/// What the draft model costs where it runs, timed there (SSD's draft worker times its own model
+/// and sends these to the engine).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct DraftCosts {
+    /// One draft token.
+    pub step_ms: f64,
+    /// (rows, ms) of a forward as wide as SSD's tree steps, when one was asked for.
+    pub tree_step: Option<(usize, f64)>,
+}
+
+impl DraftCosts {
+    /// Time `draft` over an empty context, which it is left with: a step, and a tree step of
+    /// `tree_rows` rows where that is more than one. The first of the step's three forwards also
+    /// pages the weights in.
+    pub async fn measure(draft: &mut dyn Lm, tree_rows: usize) -> Result<DraftCosts> {
+        draft.truncate(0);
+        let step_ms = time_forward(draft, 1, 3).await?;
+        let tree_step = match tree_rows > 1 {
+            true => Some((tree_rows, time_forward(draft, tree_rows, 2).await?.max(step_ms))),
+            false => None,
+        };
+        draft.truncate(0);
+        Ok(DraftCosts { step_ms, tree_step })
+    }
+}
+
 impl Costs {
     /// Time `target` (and `draft`, if a model drafts) over an empty context; both are left empty.
     /// The matmuls, which read every weight whatever the context, dominate a short generation's
     /// steps. The first of the decode's three forwards also pages the weights in.
     /// `tree_rows`: the widest tree step SSD would run (its fan-out's branches at the largest K).
     pub async fn measure(target: &mut dyn Lm, draft: Option<&mut dyn Lm>, parallel: bool, tree_rows: usize) -> Result<Costs> {
+        let costs = Costs::measure_target(target, parallel).await?;
+        Ok(match draft {
+            Some(d) => costs.with_draft(DraftCosts::measure(d, if parallel { tree_rows } else { 0 }).await?),
+            None => costs,
+        })
+    }
+
+    /// Time `target` alone, as [`Costs::measure`] does; the draft's figures (none: prompt lookup)
+    /// come with [`Costs::with_draft`].
+    pub async fn measure_target(target: &mut dyn Lm, parallel: bool) -> Result<Costs> {
         target.truncate(0);
         let decode_ms = time_forward(target, 1, 3).await?;
         let mut verify_ms = vec![(1, decode_ms)];
@@ -109,20 +145,14 @@ impl Costs {
             let ms = time_forward(target, n, 2).await?.max(verify_ms.last().map_or(0.0, |v| v.1));
             verify_ms.push((n, ms));
         }
-        let (draft_step_ms, tree_step) = match draft {
-            Some(d) => {
-                d.truncate(0);
-                let step = time_forward(d, 1, 3).await?;
-                let tree = match parallel && tree_rows > 1 {
-                    true => Some((tree_rows, time_forward(d, tree_rows, 2).await?.max(step))),
-                    false => None,
-                };
-                d.truncate(0);
-                (step, tree)
-            }
-            None => (0.0, None),
-        };
-        Ok(Costs { decode_ms, verify_ms, draft_step_ms, tree_step, observed: Vec::new(), parallel })
+        Ok(Costs { decode_ms, verify_ms, draft_step_ms: 0.0, tree_step: None, observed: Vec::new(), parallel })
+    }
+
+    /// These costs with the draft's, timed where it runs; a tree step counts only where the draft
+    /// runs beside the target.
+    pub fn with_draft(self, draft: DraftCosts) -> Costs {
+        let tree_step = draft.tree_step.filter(|_| self.parallel);
+        Costs { draft_step_ms: draft.step_ms, tree_step, ..self }
     }
 
     /// Record that a generation in `mode` with `k` draft tokens took `round_ms` per round.

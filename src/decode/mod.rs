@@ -26,12 +26,12 @@ use crate::model::runner::Lm;
 use crate::sampling::SamplingParams;
 
 pub use autoregressive::generate_ar;
-pub use choice::{Choice, Costs};
+pub use choice::{Choice, Costs, DraftCosts};
 pub use model_drafter::ModelDrafter;
 pub use ngram::{NgramConfig, PromptLookup};
 pub use spec::{check_draft, Backup, Drafter, Fanout, Mode, SpecConfig, DEFAULT_CONFIDENCE};
 pub use speculative::{generate_sd, generate_sd_with};
-pub use ssd::{generate_ssd, DraftHost, DraftWorker};
+pub use ssd::{generate_ssd, DraftHost, DraftWorker, WorkerDrafter};
 
 /// What to generate.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]

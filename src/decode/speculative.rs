@@ -57,7 +57,7 @@ pub async fn generate_sd_with(
     while !sd.run.out.done() {
         rec = sd.round(rec).await?;
     }
-    let (tally, draft_ms) = (sd.tally, sd.draft_ms);
+    let (tally, draft_ms) = (sd.tally, sd.drafter.busy_ms().unwrap_or(sd.draft_ms));
     Ok(sd.run.finish(|stats| {
         tally.write(stats);
         stats.draft_busy_ms = Some(draft_ms);

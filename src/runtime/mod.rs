@@ -40,6 +40,10 @@ pub trait Channel<J, R> {
     /// replies still come, sooner. A thread or inline service shares its caller's memory and is
     /// told through it instead.
     fn interrupt(&mut self);
+    /// Whether the far side is known to have stopped (every later call fails).
+    fn has_stopped(&self) -> bool {
+        false
+    }
 }
 
 /// A handle to a service running on a worker. Jobs are handled in the order they are sent; every
@@ -148,6 +152,16 @@ impl<J: Send + 'static, R: Send + 'static> Worker<J, R> {
                 self.in_flight -= 1;
                 reply
             }
+        }
+    }
+
+    /// Whether the service is known to be gone: a thread that ended, a remote one that stopped.
+    pub fn has_stopped(&self) -> bool {
+        match &self.place {
+            #[cfg(not(target_arch = "wasm32"))]
+            Place::Thread { thread, .. } => thread.as_ref().is_none_or(|t| t.is_finished()),
+            Place::Inline { .. } => false,
+            Place::Remote(channel) => channel.has_stopped(),
         }
     }
 

@@ -40,12 +40,13 @@ impl From<Result<Reply<RelSpan>>> for WireReply {
 }
 
 /// A reply as the draft worker posts it: `{reply: WireReply, q: Float32Array[]}`. A sampled
-/// proposal's distributions (a vocabulary's worth of floats per draft token) travel in `q` as
-/// typed arrays, whose buffers the post transfers, not as arrays of numbers in `reply`.
+/// proposal's distributions (SSD's or SD's: a vocabulary's worth of floats per draft token)
+/// travel in `q` as typed arrays, whose buffers the post transfers, not as arrays of numbers in
+/// `reply`.
 pub fn encode_reply(mut reply: Result<Reply<RelSpan>>) -> std::result::Result<JsValue, JsValue> {
-    let q = match &mut reply {
-        Ok(Reply::Proposal { proposal, .. }) => std::mem::take(&mut proposal.q),
-        _ => Vec::new(),
+    let q = match reply.as_mut().ok().and_then(Reply::proposal_mut) {
+        Some(proposal) => std::mem::take(&mut proposal.q),
+        None => Vec::new(),
     };
     let rows: js_sys::Array = q.iter().map(|row| JsValue::from(Float32Array::from(&row[..]))).collect();
     let out = js_sys::Object::new();
@@ -61,7 +62,7 @@ fn decode_reply(v: JsValue) -> Result<Reply<RelSpan>> {
     let mut reply = serde_wasm_bindgen::from_value::<WireReply>(field("reply")?)
         .map_err(|e| unreadable(e.to_string()))?
         .into_result()?;
-    if let Reply::Proposal { proposal, .. } = &mut reply {
+    if let Some(proposal) = reply.proposal_mut() {
         let rows = field("q")?.dyn_into::<js_sys::Array>().map_err(|_| unreadable("q is not an array".into()))?;
         proposal.q = rows
             .iter()
@@ -217,6 +218,10 @@ impl Channel<Job, Reply<RelSpan>> for PortChannel {
 
     fn interrupt(&mut self) {
         let _ = self.port.post_message(&INTERRUPT.into());
+    }
+
+    fn has_stopped(&self) -> bool {
+        self.link.lost.borrow().is_some()
     }
 }
 

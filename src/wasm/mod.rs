@@ -3,8 +3,9 @@
 //! - [`ModelBuffer`]: a model file filled piece by piece as it downloads, straight into wasm
 //!   memory, so no second copy of the whole file ever exists in JS;
 //! - [`WasmEngine`]: the [`Engine`] in the engine worker (or inline in Node);
-//! - [`WasmDraft`]: SSD's draft in its own Web Worker, answering the engine's jobs over a
-//!   `MessagePort`;
+//! - [`WasmDraft`]: the draft in its own Web Worker, answering the engine's jobs over a
+//!   `MessagePort`: SSD's speculation, SD's drafting, and the timing of the draft at load (the
+//!   engine worker then holds no draft model);
 //! - in the threads build (feature `threads`, compiled with atomics), the pool of workers sharing
 //!   this module's memory that the CPU backend computes on ([`threads`]).
 //!
@@ -30,7 +31,7 @@ use web_sys::MessagePort;
 
 use crate::decode::ssd::Job;
 use crate::decode::{DraftHost, DraftWorker};
-use crate::engine::Engine;
+use crate::engine::{Device, Engine};
 use crate::error::Error;
 use crate::model::load::{from_gguf, ModelFile};
 use crate::model::runner::BoxedLm;
@@ -258,17 +259,32 @@ impl WasmEngine {
         opts.engine_options().map(drop)
     }
 
-    /// Use the draft answering on `port` (a [`WasmDraft`] in another worker) for SSD. `info` is
-    /// that draft's [`WasmDraft::info`].
+    /// Use the draft answering on `port` (a [`WasmDraft`] in another worker) for SSD, and with
+    /// `sd` for SD too (the engine holding no draft of its own). `info` is that draft's
+    /// [`WasmDraft::info`]. Where SD comes with it, the engine times the target and, through the
+    /// port, the draft, to choose its default mode: this resolves once that is done.
     #[wasm_bindgen(js_name = attachDraft)]
-    pub fn attach_draft(&self, port: MessagePort, info: JsValue) -> Result<(), JsValue> {
-        let info: options::DraftInfo = options::parse(info)?;
-        let config = info.config.ok_or_else(|| js_error_with("invalid_argument", "attachDraft: the draft's info has no config"))?;
+    pub fn attach_draft(&self, port: MessagePort, info: JsValue, sd: bool) -> Promise {
+        let engine = self.engine.clone();
+        let parsed = options::parse::<options::DraftInfo>(info).and_then(|info| match info.config {
+            Some(config) => Ok((config, info.vocab, info.backend)),
+            None => Err(js_error_with("invalid_argument", "attachDraft: the draft's info has no config")),
+        });
+        let (config, vocab, backend) = match parsed {
+            Ok(p) => p,
+            Err(e) => return Promise::reject(&e),
+        };
         let (channel, link) = channel::PortChannel::new(port);
-        let worker = DraftWorker::remote(Box::new(channel), config);
-        self.engine.with(|e| e.set_ssd_draft(worker, &info.vocab)).and_then(|r| r.map_err(|e| js_error(&e)))?;
+        // Reachable at once: an abort or a lost worker during the timing reaches it.
         *self.draft.borrow_mut() = Some(link);
-        Ok(())
+        future_to_promise(async move {
+            let worker = DraftWorker::remote(Box::new(channel), config);
+            let mut held = engine.take()?;
+            let attached = held.attach_draft(worker, &vocab, sd, backend.as_deref() != Some("gpu")).await;
+            engine.put(held);
+            attached.map_err(|e| js_error(&e))?;
+            Ok(JsValue::UNDEFINED)
+        })
     }
 
     /// An abort: cut the draft worker's speculation short now, rather than when the generation
@@ -337,13 +353,15 @@ impl WasmEngine {
     }
 }
 
-/// SSD's draft model in its own worker.
+/// The draft model in its own worker, serving SSD and SD.
 #[wasm_bindgen]
 pub struct WasmDraft {
     host: Held<DraftHost>,
     /// The host's abandon flag, set by [`WasmDraft::interrupt`] while a job holds the host.
     abandon: Arc<AtomicBool>,
     vocab: String,
+    /// Where the draft computes: "cpu" or "gpu".
+    backend: String,
 }
 
 #[wasm_bindgen]
@@ -358,10 +376,11 @@ impl WasmDraft {
             let capacity = Engine::capacity(&file.weights.config, &engine_opts);
             let lm = engine_opts.draft.runner(&file.weights, capacity).await.map_err(|e| js_error(&e))?;
             let vocab = file.tokenizer.vocab_fingerprint();
+            let backend = if matches!(engine_opts.draft, Device::Gpu { .. }) { "gpu" } else { "cpu" }.to_string();
             // Turns of the event loop between forwards let an interrupt arrive mid-tree.
             let host = DraftHost::new(Box::new(channel::yielding(lm)));
             let abandon = host.abandon_flag();
-            Ok(WasmDraft { host: Held::new(host), abandon, vocab }.into())
+            Ok(WasmDraft { host: Held::new(host), abandon, vocab, backend }.into())
         })
     }
 
@@ -371,10 +390,11 @@ impl WasmDraft {
         self.abandon.store(true, Ordering::Relaxed);
     }
 
-    /// {config, vocab}: what the engine checks before it accepts this draft.
+    /// {config, vocab, backend}: what the engine checks before it accepts this draft.
     pub fn info(&self) -> Result<JsValue, JsValue> {
         let config = self.host.with(|h| h.config().clone())?;
-        to_js(&options::DraftInfo { config: Some(config), vocab: self.vocab.clone() })
+        let backend = Some(self.backend.clone());
+        to_js(&options::DraftInfo { config: Some(config), vocab: self.vocab.clone(), backend })
     }
 
     /// Answer one job from the engine: resolves to {reply, q} (see [`channel::encode_reply`]);

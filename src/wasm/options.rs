@@ -214,6 +214,9 @@ pub fn prompt(v: JsValue, chat: bool) -> Result<Prompt, JsValue> {
 pub struct DraftInfo {
     pub config: Option<ModelConfig>,
     pub vocab: String,
+    /// Where it computes: "cpu" (the default) or "gpu".
+    #[serde(default)]
+    pub backend: Option<String>,
 }
 
 #[derive(Serialize)]

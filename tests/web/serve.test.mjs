@@ -1,5 +1,6 @@
 // scripts/serve.mjs serves its root and nothing beside it: encoded `..` segments that lead to a
-// sibling directory whose name starts with the root's must not reach it.
+// sibling directory whose name starts with the root's must not reach it. Its pages are
+// cross-origin isolated.
 // Usage: node tests/web/serve.test.mjs
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -28,7 +29,7 @@ async function get(path) {
     const req = request({ host: '127.0.0.1', port, path }, (res) => {
       let body = '';
       res.on('data', (c) => (body += c));
-      res.on('end', () => resolve({ status: res.statusCode, body }));
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body }));
     });
     req.on('error', reject);
     req.end();
@@ -38,6 +39,8 @@ async function get(path) {
 try {
   const ok = await get('/www/index.html');
   check(ok.status === 200 && ok.body === 'inside', `a file under the root is served (${ok.status})`);
+  const { 'cross-origin-opener-policy': coop, 'cross-origin-embedder-policy': coep } = ok.headers;
+  check(coop === 'same-origin' && coep === 'require-corp', `pages are cross-origin isolated (COOP ${coop}, COEP ${coep})`);
   const dirIndex = await get('/www/');
   check(dirIndex.status === 200 && dirIndex.body === 'inside', `a directory serves its index.html (${dirIndex.status})`);
   for (const path of ['/..%2Fsite-x/s.txt', '/%2e%2e%2fsite-x/s.txt', '/www/..%2F..%2Fsite-x/s.txt', '/..%2Fs.txt', '/../site-x/s.txt']) {

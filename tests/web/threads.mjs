@@ -1,7 +1,7 @@
 // The threads build in Debian's Chromium, driven by playwright-core: on a cross-origin isolated
 // page (COOP/COEP) the CPU backend computes on a pool of workers sharing wasm memory, and its
-// greedy output equals the golden ids and the single-thread build's; SD (the draft in the engine
-// worker, on the pool) and SSD (the draft in its own worker, on one thread) equal AR; an abort
+// greedy output equals the golden ids and the single-thread build's; SD and SSD (the target on the
+// pool, the draft in its own worker on a pool of its own, drafting for both) equal AR; an abort
 // still stops a generation; a panic still ends the engine's calls; on a page that is not
 // isolated the engine says why in the console and computes on one thread.
 // Usage: node tests/web/threads.mjs   (after scripts/build-web.sh; needs models/)
@@ -101,13 +101,13 @@ try {
     '2 threads: the same tokens and text as the single-thread build');
   check(two.abort.code === 'aborted' && two.abort.seen < 50, `2 threads: an abort stops the generation (${JSON.stringify(two.abort)})`);
 
-  // 2. With a draft: SD's draft shares the engine worker's pool, SSD's runs in its own worker on
-  //    one thread; both equal AR.
+  // 2. With a draft: the target on the engine worker's pool, the draft in its own worker on a
+  //    pool of its own, drafting for SD and SSD alike; both equal AR.
   const spec = await run(page, { target: model, draft: model }, { backend: 'cpu', threads: 2, cache: false },
     [ar(), ['sd', { prompt: g.prompt, mode: 'sd', maxTokens: n }], ['ssd', { prompt: g.prompt, mode: 'ssd', maxTokens: n }]]);
-  check(spec.info.threads === 2 && spec.info.draftWorker, `with a draft: the engine on 2 threads, SSD's draft in its worker (${JSON.stringify(spec.info)})`);
+  check(spec.info.threads === 2 && spec.info.draftWorker, `with a draft: the engine on 2 threads, the draft in its worker (${JSON.stringify(spec.info)})`);
   check(JSON.stringify(spec.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens), 'with a draft: AR equals the single-thread build');
-  check(JSON.stringify(spec.runs.sd.tokens) === JSON.stringify(spec.runs.ar.tokens) && spec.runs.sd.mode === 'sd', 'SD on the pool equals AR');
+  check(JSON.stringify(spec.runs.sd.tokens) === JSON.stringify(spec.runs.ar.tokens) && spec.runs.sd.mode === 'sd', 'SD with a pooled target, drafting in the draft worker, equals AR');
   check(JSON.stringify(spec.runs.ssd.tokens) === JSON.stringify(spec.runs.ar.tokens) && spec.runs.ssd.mode === 'ssd', 'SSD with a pooled target equals AR');
 
   // 3. The default thread count (hardwareConcurrency, capped) uses the pool where there is more

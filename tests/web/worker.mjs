@@ -1,16 +1,18 @@
 // The package's two Web Workers in Debian's Chromium, driven by playwright-core, with SmolLM2 as
-// target (CPU) and draft (its own worker): an abort of an SSD generation settles within a round,
-// not after the draft's discarded speculation; sampled SSD moves the draft's distributions as
-// typed arrays; a draft worker that dies mid-generation ends it
-// with an error that says so and the text so far, the engine keeps decoding plainly, and a new
-// draft worker takes its place; with SD prepared too, the draft is downloaded once; a panic in
-// the engine worker ends its calls rather than hanging them.
+// target (CPU) and draft (its own worker, serving SSD and SD): SD drafts through the draft worker
+// and equals AR; an abort of an SSD or SD generation settles within a round, not after the
+// draft's discarded speculation; sampled SSD and SD move the draft's distributions as typed
+// arrays; a draft worker that dies mid-generation (SSD or SD) ends it with an error that says so
+// and the text so far, the engine keeps decoding plainly, and a new draft worker takes its place;
+// with SD and SSD prepared the draft is downloaded and held once (the engine worker never reads
+// it), SD through the worker giving the in-process drafter's tokens seed for seed; a panic in the
+// engine worker ends its calls rather than hanging them.
 // Usage: node tests/web/worker.mjs   (after scripts/build-web.sh; needs models/)
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { chromium } from 'playwright-core';
-import { check, golden } from './golden.mjs';
+import { check, golden, greedyMismatch } from './golden.mjs';
 import { dropFirstQ } from './faults.mjs';
 
 const port = 8000 + Math.floor(Math.random() * 1000);
@@ -24,16 +26,17 @@ const browser = await chromium.launch({
   args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync'],
 });
 
-/** Start an SSD generation of `prompt` in the page; resolves once `after` tokens have streamed. */
-function startSsd(page, prompt, after) {
+/** Start a generation of `prompt` in `mode` in the page; resolves once `after` tokens have
+ * streamed. */
+function start(page, prompt, after, mode = 'ssd') {
   return page.evaluate(
-    ([prompt, after]) =>
+    ([prompt, after, mode]) =>
       new Promise((started) => {
         const run = (window.run = { tokens: 0, text: '', outcome: null });
         run.ctrl = new AbortController();
         run.done = window.demo.engine
           .generate(prompt, {
-            mode: 'ssd',
+            mode,
             maxTokens: 400,
             signal: run.ctrl.signal,
             onToken: (piece, n) => {
@@ -50,30 +53,77 @@ function startSsd(page, prompt, after) {
             (e) => (run.outcome = { code: e.code, message: e.message, partial: e.partial, at: performance.now() }),
           );
       }),
-    [prompt, after],
+    [prompt, after, mode],
   );
 }
 
-try {
-  const page = await browser.newPage();
-  page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
-  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
-  const q = new URLSearchParams({ pair: 'smollm', prompt: g.prompt, autoload: '1', backend: 'cpu', draftBackend: 'cpu' });
-  await page.goto(`http://127.0.0.1:${port}/www/?${q}`);
-  await page.waitForFunction(() => window.demo?.engine || window.demo?.error, null, { timeout });
-  const info = await page.evaluate(() => window.demo.error ?? window.demo.engine.info);
-  check(info.backend === 'cpu' && info.draftWorker, `CPU target, draft in its own worker (${JSON.stringify(info)})`);
-
-  // 1. Abort mid-SSD: the promise settles within about one round.
-  const prompt = g.prompt;
-  await startSsd(page, prompt, 8);
-  const abort = await page.evaluate(async () => {
+/** Abort the generation `start` began; how it ended and how soon. */
+function abortRun(page) {
+  return page.evaluate(async () => {
     const t = performance.now();
     window.run.ctrl.abort();
     await window.run.done;
     const o = window.run.outcome;
     return { code: o.code, settleMs: o.at - t, stats: o.partial?.stats };
   });
+}
+
+/** Count, in the draft worker `worker`, the replies it posts: SD drafts and SSD proposals, their
+ * distributions as Float32Arrays (`rows`) or left in the reply as plain numbers (`plain`), and the
+ * buffers transferred. */
+function watchReplies(worker) {
+  return worker.evaluate(() => {
+    const post = MessagePort.prototype.postMessage;
+    self.wire = { drafted: 0, proposals: 0, rows: 0, plain: 0, transferred: 0 };
+    MessagePort.prototype.postMessage = function (msg, transfer) {
+      const ok = msg?.reply?.ok;
+      if (ok?.Drafted) self.wire.drafted++;
+      if (ok?.Proposal) self.wire.proposals++;
+      for (const row of msg?.q ?? []) self.wire[row instanceof Float32Array ? 'rows' : 'plain']++;
+      self.wire.plain += (ok?.Drafted ?? ok?.Proposal)?.proposal?.q?.length ?? 0;
+      self.wire.transferred += transfer?.length ?? 0;
+      return post.call(this, msg, transfer);
+    };
+  });
+}
+
+const wireOf = (worker) => worker.evaluate(() => ({ ...self.wire }));
+const reset = (worker) => worker.evaluate(() => Object.keys(self.wire).forEach((k) => (self.wire[k] = 0)));
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+/** Mean ms of an SD round's drafting, as the engine saw it (the worker's round trip included). */
+const draftMs = (stats) => stats.timeline.reduce((a, r) => a + (r.draft[1] - r.draft[0]), 0) / stats.timeline.length;
+
+try {
+  const page = await browser.newPage();
+  page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
+  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
+  const q = new URLSearchParams({ pair: 'smollm', prompt: g.prompt, autoload: '1', backend: 'cpu', draftBackend: 'cpu', modes: 'ar,sd,ssd' });
+  await page.goto(`http://127.0.0.1:${port}/www/?${q}`);
+  await page.waitForFunction(() => window.demo?.engine || window.demo?.error, null, { timeout });
+  const info = await page.evaluate(() => window.demo.error ?? window.demo.engine.info);
+  check(info.backend === 'cpu' && info.draftWorker, `CPU target, draft in its own worker (${JSON.stringify(info)})`);
+  const draftWorker = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
+  check(!!draftWorker, 'the draft worker is found');
+  await watchReplies(draftWorker);
+
+  // 1. SD drafts through the draft worker (the engine worker holds no draft): greedy SD equals
+  //    the golden ids and AR, each round's tokens a reply from the draft worker.
+  const prompt = g.prompt;
+  const greedy = await page.evaluate(async (prompt) => {
+    const e = window.demo.engine;
+    const sd = await e.generate(prompt, { mode: 'sd', maxTokens: 24 });
+    const ar = await e.generate(prompt, { mode: 'ar', maxTokens: 24 });
+    return { sd: sd.tokens, rounds: sd.stats.rounds, tps: sd.stats.tokensPerS, ar: ar.tokens };
+  }, prompt);
+  const drafted = await wireOf(draftWorker);
+  console.log(`metrics: greedy SD through the draft worker ${greedy.tps.toFixed(1)} tok/s, ${greedy.rounds} rounds`);
+  check(greedyMismatch(greedy.sd, g) === null && JSON.stringify(greedy.sd) === JSON.stringify(greedy.ar),
+    `greedy SD through the draft worker equals AR and the golden ids (${greedyMismatch(greedy.sd, g)})`);
+  check(drafted.drafted === greedy.rounds && drafted.proposals === 0, `each SD round's draft came from the draft worker (${JSON.stringify(drafted)})`);
+
+  // 2. Abort mid-SSD and mid-SD: the promise settles within about one round.
+  await start(page, prompt, 8);
+  const abort = await abortRun(page);
   const s = abort.stats;
   const round = (s?.verifyMsMean ?? 0) + (s?.glueMsMean ?? 0) + (s?.treeStepMsMean ?? 0);
   console.log(`metrics: SSD abort settled in ${abort.settleMs.toFixed(0)} ms (verify ${s?.verifyMsMean?.toFixed(1)} ms, ` +
@@ -81,98 +131,173 @@ try {
   check(abort.code === 'aborted', `abort rejects with aborted (${abort.code})`);
   // One round at most: what remains of a tree step, the next proposal and one verify.
   check(abort.settleMs < 2 * round + 100, `the abort settles within a round (${abort.settleMs.toFixed(0)} ms, a round ~${round.toFixed(0)} ms)`);
+  await start(page, prompt, 8, 'sd');
+  const sdAbort = await abortRun(page);
+  const sdRound = (sdAbort.stats?.verifyMsMean ?? 0) + (sdAbort.stats ? draftMs(sdAbort.stats) : 0);
+  console.log(`metrics: SD abort settled in ${sdAbort.settleMs.toFixed(0)} ms (a round ~${sdRound.toFixed(0)} ms)`);
+  check(sdAbort.code === 'aborted' && sdAbort.settleMs < 2 * sdRound + 100,
+    `an SD abort settles within a round (${sdAbort.code}, ${sdAbort.settleMs.toFixed(0)} ms, a round ~${sdRound.toFixed(0)} ms)`);
 
-  // 2. Sampled SSD: each proposal's distributions cross from the draft worker as transferred
-  //    Float32Arrays; the same seed gives the same tokens.
-  const draftWorker = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
-  check(!!draftWorker, 'the draft worker is found');
-  await draftWorker.evaluate(() => {
-    const post = MessagePort.prototype.postMessage;
-    self.wire = { rows: 0, plain: 0, transferred: 0 };
-    MessagePort.prototype.postMessage = function (msg, transfer) {
-      for (const row of msg?.q ?? []) self.wire[row instanceof Float32Array ? 'rows' : 'plain']++;
-      if (Array.isArray(msg?.ok?.Proposal?.proposal?.q)) self.wire.plain += msg.ok.Proposal.proposal.q.length;
-      self.wire.transferred += transfer?.length ?? 0;
-      return post.call(this, msg, transfer);
-    };
-  });
+  // 3. Sampled SSD and SD: each proposal's distributions cross from the draft worker as
+  //    transferred Float32Arrays; the same seed gives the same tokens.
+  await reset(draftWorker);
   const sampled = await page.evaluate(async (prompt) => {
-    const opts = { mode: 'ssd', maxTokens: 24, temperature: 0.8, seed: 7 };
-    const a = await window.demo.engine.generate(prompt, opts);
-    const b = await window.demo.engine.generate(prompt, opts);
-    return { a: a.tokens, b: b.tokens, acceptance: a.stats.acceptanceRate, tps: a.stats.tokensPerS };
-  }, prompt);
-  const wire = await draftWorker.evaluate(() => self.wire);
-  console.log(`metrics: sampled SSD ${sampled.tps.toFixed(1)} tok/s, acceptance ${sampled.acceptance.toFixed(2)}, ${wire.rows} q rows sent`);
-  check(sampled.a.length === 24 && JSON.stringify(sampled.a) === JSON.stringify(sampled.b), 'sampled SSD with a seed repeats itself');
-  check(wire.rows > 0 && wire.plain === 0 && wire.transferred === wire.rows,
-    `sampled proposals send q as transferred Float32Arrays (${JSON.stringify(wire)})`);
-
-  // 3. The draft worker dies mid-SSD: the generation ends with an error and its text so far.
-  await startSsd(page, prompt, 8);
-  const killedAt = await page.evaluate(() => performance.now());
-  await draftWorker.evaluate(() => self.close()).catch(() => {});
-  await page.waitForFunction(() => window.run.outcome, null, { timeout: 120_000 });
-  const dead = await page.evaluate(() => ({ ...window.run.outcome, streamed: window.run.text }));
-  console.log(`metrics: a dead draft worker ended the generation in ${(dead.at - killedAt).toFixed(0)} ms`);
-  check(dead.code === 'internal' && dead.message.includes('draft worker stopped'),
-    `a dead draft worker fails the generation, saying so (${dead.code}: ${dead.message})`);
-  check(dead.partial?.generated >= 8 && dead.partial.text === dead.streamed, `error.partial holds what was streamed (${dead.partial?.generated} tokens)`);
-  const ar = await page.evaluate((prompt) => window.demo.engine.generate(prompt, { mode: 'ar', maxTokens: 8 }).then((r) => r.tokens, (e) => e.code), prompt);
-  check(ar.length === 8, `the engine still decodes plainly (${ar})`);
-  // A new draft worker replaces it (the model comes from the Cache API); SSD fails at once
-  // until it is ready, then gives the AR tokens again.
-  const restart = await page.evaluate(async (prompt) => {
-    const t0 = performance.now();
-    const failures = new Set();
-    while (performance.now() - t0 < 60_000) {
-      try {
-        const r = await window.demo.engine.generate(prompt, { mode: 'ssd', maxTokens: 8 });
-        return { tokens: r.tokens, ms: performance.now() - t0, failures: [...failures] };
-      } catch (e) {
-        failures.add(e.code);
-        await new Promise((r) => setTimeout(r, 200));
-      }
+    const out = {};
+    for (const mode of ['ssd', 'sd']) {
+      const opts = { mode, maxTokens: 24, temperature: 0.8, seed: 7 };
+      const a = await window.demo.engine.generate(prompt, opts);
+      const b = await window.demo.engine.generate(prompt, opts);
+      out[mode] = { a: a.tokens, b: b.tokens, acceptance: a.stats.acceptanceRate, tps: a.stats.tokensPerS };
     }
-    return { failures: [...failures] };
+    return out;
   }, prompt);
-  console.log(`metrics: SSD ran again ${restart.ms?.toFixed(0)} ms after the draft worker died`);
-  check(JSON.stringify(restart.tokens) === JSON.stringify(ar) && restart.failures.every((c) => c === 'internal'),
-    `a new draft worker takes over: SSD equals AR again (${JSON.stringify(restart)})`);
-  check(page.workers().filter((w) => w.url().endsWith('/draft-worker.js')).length === 1, 'one draft worker runs, not two');
-  // 4. With SD and SSD both prepared (the default modes), the engine worker and the draft worker
-  //    each hold the draft, but each file is downloaded once, later reads coming from the Cache
-  //    API. SmolLM2 drafts for itself (as in the demo's pair), so target and draft are one URL
-  //    (the engine worker reads it first as the target), from a server that counts downloads.
-  let draftRequests = 0;
+  const wire = await wireOf(draftWorker);
+  for (const mode of ['ssd', 'sd']) {
+    const r = sampled[mode];
+    console.log(`metrics: sampled ${mode.toUpperCase()} ${r.tps.toFixed(1)} tok/s, acceptance ${r.acceptance.toFixed(2)}`);
+    check(r.a.length === 24 && JSON.stringify(r.a) === JSON.stringify(r.b), `sampled ${mode.toUpperCase()} with a seed repeats itself`);
+  }
+  console.log(`metrics: ${wire.rows} q rows sent`);
+  check(wire.drafted > 0 && wire.proposals > 0 && wire.rows > 0 && wire.plain === 0 && wire.transferred === wire.rows,
+    `sampled SD and SSD proposals send q as transferred Float32Arrays (${JSON.stringify(wire)})`);
+
+  // 4. The draft worker dies mid-SSD, then (its replacement) mid-SD: each generation ends with an
+  //    error and its text so far; the engine decodes plainly meanwhile, and a new draft worker
+  //    replaces each (the model comes from the Cache API): SSD and SD fail at once until it is
+  //    ready, then give the AR tokens again.
+  let ar = null;
+  for (const mode of ['ssd', 'sd']) {
+    const victim = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
+    await start(page, prompt, 8, mode);
+    const killedAt = await page.evaluate(() => performance.now());
+    await victim.evaluate(() => self.close()).catch(() => {});
+    await page.waitForFunction(() => window.run.outcome, null, { timeout: 120_000 });
+    const dead = await page.evaluate(() => ({ ...window.run.outcome, streamed: window.run.text }));
+    console.log(`metrics: a dead draft worker ended the ${mode.toUpperCase()} generation in ${(dead.at - killedAt).toFixed(0)} ms`);
+    check(dead.code === 'internal' && dead.message.includes('draft worker stopped'),
+      `${mode.toUpperCase()}: a dead draft worker fails the generation, saying so (${dead.code}: ${dead.message})`);
+    check(dead.partial?.generated >= 8 && dead.partial.text === dead.streamed, `${mode.toUpperCase()}: error.partial holds what was streamed (${dead.partial?.generated} tokens)`);
+    ar = await page.evaluate((prompt) => window.demo.engine.generate(prompt, { mode: 'ar', maxTokens: 8 }).then((r) => r.tokens, (e) => e.code), prompt);
+    check(ar.length === 8, `the engine still decodes plainly (${ar})`);
+    const restart = await page.evaluate(async (prompt) => {
+      const t0 = performance.now();
+      const failures = new Set();
+      const out = {};
+      while (performance.now() - t0 < 60_000 && !out.sd) {
+        try {
+          for (const mode of ['ssd', 'sd']) out[mode] ??= (await window.demo.engine.generate(prompt, { mode, maxTokens: 8 })).tokens;
+        } catch (e) {
+          failures.add(e.code);
+          await new Promise((r) => setTimeout(r, 200));
+        }
+      }
+      return { ...out, ms: performance.now() - t0, failures: [...failures] };
+    }, prompt);
+    console.log(`metrics: SSD and SD ran again ${restart.ms.toFixed(0)} ms after the draft worker died`);
+    check(JSON.stringify(restart.ssd) === JSON.stringify(ar) && JSON.stringify(restart.sd) === JSON.stringify(ar) && restart.failures.every((c) => c === 'internal'),
+      `a new draft worker takes over: SSD and SD equal AR again (${JSON.stringify(restart)})`);
+    // The closed worker goes once its compute threads (on an isolated page) have ended too.
+    const drafts = () => page.workers().filter((w) => w.url().endsWith('/draft-worker.js')).length;
+    for (let i = 0; i < 50 && drafts() > 1; i++) await new Promise((r) => setTimeout(r, 200));
+    check(drafts() === 1, 'one draft worker runs, not two');
+  }
+
+  // 5. One copy of the draft: with SD and SSD prepared (the default modes), the draft is read by
+  //    its worker alone. Target and draft (SmolLM2 drafting for itself) come from two URLs of a
+  //    server that counts the requests for each, with the Cache API off, so that every read is a
+  //    download. An engine with SD alone holds the draft in its engine worker: SD through the
+  //    draft worker gives that in-process drafter's tokens, greedy and sampled seed for seed, and
+  //    the difference in pace is what a round's trip to the draft worker costs.
+  const requests = {};
   const model = readFileSync('models/smollm2-135m-instruct-q4_1.gguf');
   const counting = createServer((req, res) => {
-    draftRequests++;
+    requests[req.url] = (requests[req.url] ?? 0) + 1;
     // no-store: the browser's HTTP cache must not stand in for the package's Cache API.
     res.writeHead(200, { 'content-length': model.length, 'access-control-allow-origin': '*', 'cache-control': 'no-store' });
     res.end(model);
   });
   await new Promise((resolve) => counting.listen(0, '127.0.0.1', resolve));
-  const draftUrl = `http://127.0.0.1:${counting.address().port}/draft.gguf`;
+  const base = `http://127.0.0.1:${counting.address().port}`;
   const fresh = await browser.newContext();
   const p2 = await fresh.newPage();
+  p2.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
   await p2.goto(`http://127.0.0.1:${port}/www/`);
-  const both = await p2.evaluate(async ([prompt, draftUrl]) => {
+  const models = { target: `${base}/target.gguf`, draft: `${base}/draft.gguf` };
+  const loaded = await p2.evaluate(async (models) => {
     const { Saguaro } = await import('/pkg/index.js');
-    const e = await Saguaro.load({ target: draftUrl, draft: draftUrl }, { backend: 'cpu' });
+    window.viaWorker = await Saguaro.load(models, { backend: 'cpu', cache: false });
+    return window.viaWorker.info;
+  }, models);
+  check(loaded.draftWorker && loaded.hasDraft, `SD and SSD prepared, the draft in its worker (${JSON.stringify(loaded)})`);
+  check(requests['/target.gguf'] === 1 && requests['/draft.gguf'] === 1,
+    `the draft is downloaded once, by the draft worker alone (${JSON.stringify(requests)})`);
+  const one = await p2.evaluate(async ([models, prompt]) => {
+    const { Saguaro } = await import('/pkg/index.js');
+    const w = window.viaWorker;
+    const local = await Saguaro.load(models, { backend: 'cpu', cache: false, modes: ['ar', 'sd'] });
+    const out = { chosen: await w.generate(prompt, { maxTokens: 8 }), localInfo: local.info, pace: { worker: [], local: [] } };
+    for (const [name, e] of [['worker', w], ['local', local]]) {
+      out[name] = {
+        greedy: (await e.generate(prompt, { mode: 'sd', maxTokens: 24 })).tokens,
+        sampled: (await e.generate(prompt, { mode: 'sd', maxTokens: 24, temperature: 0.8, seed: 11 })).tokens,
+      };
+    }
+    out.ar = (await w.generate(prompt, { mode: 'ar', maxTokens: 24 })).tokens;
+    // Alternated, so that other work on the machine weighs on both alike.
+    for (let i = 0; i < 3; i++) {
+      for (const [name, e] of [['worker', w], ['local', local]]) {
+        const r = await e.generate(prompt, { mode: 'sd', maxTokens: 48 });
+        out.pace[name].push({ tps: r.stats.tokensPerS, timeline: r.stats.timeline, verifyMsMean: r.stats.verifyMsMean, busy: r.stats.draftBusyMs });
+      }
+    }
+    await local.dispose();
+    await w.dispose();
+    return out;
+  }, [models, prompt]);
+  check(requests['/draft.gguf'] === 2 && one.localInfo.draftWorker === false, `an engine with SD alone reads the draft itself (${JSON.stringify(requests)})`);
+  const auto = one.chosen.stats.auto;
+  check(auto?.costs?.draftStepMs > 0 && auto.costs.decodeMs > 0,
+    `the engine chose its mode from the draft's step timed in the draft worker (${auto?.mode} k=${auto?.k}, draft step ${auto?.costs?.draftStepMs?.toFixed(1)} ms)`);
+  check(JSON.stringify(one.worker.greedy) === JSON.stringify(one.ar) && JSON.stringify(one.local.greedy) === JSON.stringify(one.ar),
+    'greedy SD through the draft worker and with the draft in the engine worker both equal AR');
+  check(JSON.stringify(one.worker.sampled) === JSON.stringify(one.local.sampled),
+    `sampled SD through the draft worker gives the in-process drafter's tokens, seed for seed (${one.worker.sampled} / ${one.local.sampled})`);
+  const pace = (name) => ({
+    tps: median(one.pace[name].map((p) => p.tps)),
+    draft: median(one.pace[name].map((p) => draftMs(p))),
+    verify: median(one.pace[name].map((p) => p.verifyMsMean)),
+  });
+  const [viaWorker, local] = [pace('worker'), pace('local')];
+  // What the engine waited for its draft tokens less what the worker spent drafting them.
+  const runs = one.pace.worker;
+  const trip = runs.reduce((a, p) => a + draftMs(p) * p.timeline.length - p.busy, 0) / runs.reduce((a, p) => a + p.timeline.length, 0);
+  console.log(`metrics: SmolLM2 SD (K=4), medians of 3: through the draft worker ${viaWorker.tps.toFixed(1)} tok/s, drafting ${viaWorker.draft.toFixed(1)} ms/round ` +
+    `(of which ${trip.toFixed(2)} ms the trip to the worker), verify ${viaWorker.verify.toFixed(1)} ms; ` +
+    `draft in the engine worker ${local.tps.toFixed(1)} tok/s, drafting ${local.draft.toFixed(1)} ms/round, verify ${local.verify.toFixed(1)} ms`);
+  check(trip >= 0 && trip < 50, `a round's trip to the draft worker is short (${trip.toFixed(2)} ms)`);
+  await fresh.close();
+
+  // The demo's pair drafts with the target's own file: with the Cache API it is downloaded once,
+  // the draft worker reading it after the engine worker has.
+  for (const k of Object.keys(requests)) delete requests[k];
+  const p3 = await (await browser.newContext()).newPage();
+  await p3.goto(`http://127.0.0.1:${port}/www/`);
+  const same = await p3.evaluate(async ([url, prompt]) => {
+    const { Saguaro } = await import('/pkg/index.js');
+    const e = await Saguaro.load({ target: url, draft: url }, { backend: 'cpu' });
     const sd = await e.generate(prompt, { mode: 'sd', maxTokens: 8 });
     const ssd = await e.generate(prompt, { mode: 'ssd', maxTokens: 8 });
     const info = e.info;
     await e.dispose();
     return { info, sd: sd.tokens, ssd: ssd.tokens };
-  }, [prompt, draftUrl]);
-  check(both.info.draftWorker && JSON.stringify(both.sd) === JSON.stringify(ar) && JSON.stringify(both.ssd) === JSON.stringify(ar),
-    'SD (draft in the engine worker) and SSD (draft in its worker) both equal AR');
-  check(draftRequests === 1, `the model was downloaded once (${draftRequests} requests)`);
-  await fresh.close();
+  }, [`${base}/model.gguf`, prompt]);
+  check(same.info.draftWorker && JSON.stringify(same.sd) === JSON.stringify(ar) && JSON.stringify(same.ssd) === JSON.stringify(ar),
+    'one file as target and draft: SD and SSD (both drafting in the draft worker) equal AR');
+  check(requests['/model.gguf'] === 1, `one file as target and draft is downloaded once (${JSON.stringify(requests)})`);
+  await p3.context().close();
   counting.close();
 
-  // 5. A panic in the engine worker (here: a draft worker that sends a sampled proposal without
+  // 6. A panic in the engine worker (here: a draft worker that sends a sampled proposal without
   //    its distributions trips verification's assertion) closes that worker: the generation and
   //    every later call reject with 'internal' instead of hanging or answering "busy".
   const liar = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));

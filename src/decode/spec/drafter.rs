@@ -37,6 +37,12 @@ pub trait Drafter {
     fn accept(&mut self, proposal: &Proposal, accepted: usize);
     /// How many tokens this drafter can follow after `req`'s prompt.
     fn room(&self, req: &Request) -> usize;
+    /// Milliseconds the drafter computed in this generation, where that differs from the time its
+    /// proposals took to arrive (a drafter on another worker: the difference is their trips);
+    /// `None`: the same.
+    fn busy_ms(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// Turns draft logits into draft tokens when sampling.

@@ -28,6 +28,7 @@
 use super::drafter::{Drafting, Proposal};
 use super::tree::Tree;
 use crate::backend::{TopK, NO_SLOT};
+use crate::decode::choice::DraftCosts;
 use crate::error::{Error, Result};
 use crate::model::runner::{append, Lm, Output, Want};
 use crate::runtime::Span;
@@ -180,6 +181,15 @@ impl<M: DraftLm> DraftKv<M> {
         self.prefix += kept;
         self.lm.get_mut().truncate(self.prefix);
         self.unfed = run.line[kept..committed].to_vec();
+    }
+
+    /// Time the model for the engine's choice of mode (see [`DraftCosts::measure`]): this ends
+    /// the generation it was following, and leaves the cache empty.
+    pub async fn measure(&mut self, tree_rows: usize) -> Result<DraftCosts> {
+        self.prefix = 0;
+        self.unfed.clear();
+        self.run = Run::default();
+        DraftCosts::measure(self.lm.get_mut(), tree_rows).await
     }
 
     /// Forget the run without committing any of it.

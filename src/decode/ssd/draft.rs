@@ -4,6 +4,11 @@
 //! this round's draft tokens from the cache or the backup) and `Speculate` (glue pass and tree
 //! over this round's tokens, while the target verifies them).
 //!
+//! The same worker drafts for SD, so that one copy of the draft model serves both modes
+//! ([`WorkerDrafter`]): `StartSd` (prefill), then per round `Draft` (take the previous round's
+//! outcome, draft up to K tokens autoregressively). `Measure` times the draft where it runs, for
+//! the engine's choice of mode.
+//!
 //! Jobs and replies are plain data (serde), so the draft can live in another Web Worker:
 //! [`DraftHost`] is its end there, [`DraftWorker::remote`] the target's end.
 
@@ -18,8 +23,10 @@ use web_time::Instant;
 
 use super::cache::SpecCache;
 use super::fanout::{self, FanoutPolicy};
+use super::out_of_step;
 use crate::backend::TopK;
-use crate::decode::spec::{draft_rng, timed, Backup, DraftKv, DraftLm, Drafting, Outcome, Proposal, SpecConfig};
+use crate::decode::choice::DraftCosts;
+use crate::decode::spec::{draft_rng, timed, Backup, DraftKv, DraftLm, Drafter, Drafting, Outcome, Proposal, SpecConfig};
 use crate::decode::{context_of, CancelToken, Request};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
@@ -37,6 +44,15 @@ pub enum Job {
     /// The target is verifying [rec, s1..sn] = `tokens`: speculate on its outcomes, `depth`
     /// draft tokens per branch.
     Speculate { tokens: Vec<u32>, depth: usize },
+    /// A new SD generation, drafting as SD's model drafter does (stopping where the draft's
+    /// likeliest token has less than `confidence` probability): prefill the prompt.
+    StartSd { req: Request, confidence: f32 },
+    /// SD: the target accepted `accepted` tokens of the last draft (none before the first round);
+    /// draft up to `n` tokens after `rec`.
+    Draft { accepted: Option<usize>, rec: u32, n: usize },
+    /// Time the draft model, with a tree step `tree_rows` wide (none for 1 or less), for the
+    /// engine's choice of mode. It ends the generation in progress.
+    Measure { tree_rows: usize },
 }
 
 /// A reply, with its times as spans on the caller's clock (`S = Span`) or relative to the job's
@@ -55,6 +71,9 @@ pub enum Reply<S = Span> {
         glue: S,
         tree: Vec<S>,
     },
+    /// SD's draft tokens (and, when sampling, their distributions), and the time drafting them.
+    Drafted { proposal: Proposal, span: S },
+    Measured { costs: DraftCosts },
 }
 
 impl<S> Reply<S> {
@@ -63,6 +82,17 @@ impl<S> Reply<S> {
             Reply::Started => Reply::Started,
             Reply::Proposal { proposal, hit, backup } => Reply::Proposal { proposal, hit, backup: backup.map(&f) },
             Reply::Speculated { glue, tree } => Reply::Speculated { glue: f(glue), tree: tree.into_iter().map(f).collect() },
+            Reply::Drafted { proposal, span } => Reply::Drafted { proposal, span: f(span) },
+            Reply::Measured { costs } => Reply::Measured { costs },
+        }
+    }
+
+    /// The draft tokens this reply carries, if any: a sampled proposal's distributions cross
+    /// between Web Workers as typed arrays, apart from the rest.
+    pub fn proposal_mut(&mut self) -> Option<&mut Proposal> {
+        match self {
+            Reply::Proposal { proposal, .. } | Reply::Drafted { proposal, .. } => Some(proposal),
+            _ => None,
         }
     }
 }
@@ -118,10 +148,21 @@ impl DraftWorker {
         &self.config
     }
 
-    /// Tokens the draft can follow after `req`'s prompt, keeping the KV slots `spec`'s
-    /// speculation needs.
-    pub(crate) fn room(&self, req: &Request, spec: &SpecConfig) -> usize {
-        req.room(context_of(&self.config, self.capacity, spec.draft_scratch()))
+    /// Tokens the draft can follow after `req`'s prompt, keeping `scratch` KV slots free for
+    /// speculation.
+    pub(crate) fn room(&self, req: &Request, scratch: usize) -> usize {
+        req.room(context_of(&self.config, self.capacity, scratch))
+    }
+
+    /// Time the draft where it runs (a step, and a tree step `tree_rows` wide), for the engine's
+    /// choice of mode.
+    pub async fn measure(&mut self, tree_rows: usize) -> Result<DraftCosts> {
+        self.finish().await;
+        self.send(Job::Measure { tree_rows })?;
+        match self.recv().await? {
+            Reply::Measured { costs } => Ok(costs),
+            _ => Err(out_of_step()),
+        }
     }
 
     /// Whether the draft computes at the same time as the target.
@@ -129,8 +170,13 @@ impl DraftWorker {
         self.worker.is_concurrent()
     }
 
+    /// Whether the draft's worker is known to have stopped: every job sent to it fails.
+    pub fn has_stopped(&self) -> bool {
+        self.worker.has_stopped()
+    }
+
     pub(crate) fn send(&mut self, job: Job) -> Result<()> {
-        if matches!(job, Job::Start { .. }) {
+        if matches!(job, Job::Start { .. } | Job::StartSd { .. }) {
             self.abandon.store(false, Ordering::Relaxed);
         }
         self.worker.send(job)?;
@@ -172,7 +218,18 @@ impl Drop for DraftWorker {
 struct Speculator<M> {
     abandon: Arc<AtomicBool>,
     session: Option<Session>,
+    sd: Option<SdSession>,
     kv: DraftKv<M>,
+}
+
+/// One SD generation's draft-side state.
+struct SdSession {
+    params: SamplingParams,
+    rng: Rng,
+    confidence: f32,
+    /// How many tokens the last draft proposed, until its outcome arrives (none before the first
+    /// round).
+    proposed: Option<usize>,
 }
 
 /// One generation's draft-side state.
@@ -216,6 +273,9 @@ impl<M: DraftLm + 'static> Service for Speculator<M> {
                 Job::Start { req, spec } => self.start(req, spec).await,
                 Job::Propose { outcome, rec, depth } => self.propose(outcome, rec, depth).await,
                 Job::Speculate { tokens, depth } => self.speculate(tokens, depth).await,
+                Job::StartSd { req, confidence } => self.start_sd(req, confidence).await,
+                Job::Draft { accepted, rec, n } => self.draft(accepted, rec, n).await,
+                Job::Measure { tree_rows } => self.measure(tree_rows).await,
             }?;
             Ok(reply.map_spans(|s| RelSpan::from_span(s, began)))
         })
@@ -246,7 +306,7 @@ impl DraftHost {
     }
 
     pub async fn handle(&mut self, job: Job) -> Result<Reply<RelSpan>> {
-        if matches!(job, Job::Start { .. }) {
+        if matches!(job, Job::Start { .. } | Job::StartSd { .. }) {
             self.speculator.abandon.store(false, Ordering::Relaxed);
         }
         self.speculator.handle(job).await
@@ -255,11 +315,12 @@ impl DraftHost {
 
 impl<M: DraftLm> Speculator<M> {
     fn new(lm: M, abandon: Arc<AtomicBool>) -> Self {
-        Speculator { abandon, session: None, kv: DraftKv::new(lm) }
+        Speculator { abandon, session: None, sd: None, kv: DraftKv::new(lm) }
     }
 
     async fn start(&mut self, req: Request, spec: SpecConfig) -> Result<Reply> {
         self.session = None;
+        self.sd = None;
         req.validate(self.kv.model(), spec.draft_scratch())?;
         self.kv.prefill(&req.prompt).await?;
         self.session = Some(Session {
@@ -328,5 +389,116 @@ impl<M: DraftLm> Speculator<M> {
         let (speculated, spans) = self.kv.tree(&branches, depth, &mut drafting, &stop).await?;
         s.round = Some(Round { drafted, glue, cache: SpecCache::new(&branches, speculated) });
         Ok(Reply::Speculated { glue: glue_span, tree: spans })
+    }
+
+    /// A new SD generation: the prompt's prefill, and the draft's random stream seeded as SD
+    /// seeds its own drafter's, so that the proposals are the ones it would make.
+    async fn start_sd(&mut self, req: Request, confidence: f32) -> Result<Reply> {
+        self.session = None;
+        self.sd = None;
+        req.validate(self.kv.model(), 0)?;
+        self.kv.prefill(&req.prompt).await?;
+        let rng = draft_rng(req.sampling.seed);
+        self.sd = Some(SdSession { params: req.sampling, rng, confidence, proposed: None });
+        Ok(Reply::Started)
+    }
+
+    /// One SD round: commit the target's outcome for the last draft (`accepted` of its tokens),
+    /// then draft up to `n` tokens after `rec`, as SD's model drafter does.
+    async fn draft(&mut self, accepted: Option<usize>, rec: u32, n: usize) -> Result<Reply> {
+        let s = self.sd.as_mut().ok_or_else(|| Error::Worker("no SD generation started".into()))?;
+        match (s.proposed, accepted) {
+            (None, None) => {}
+            (Some(proposed), Some(k)) if k <= proposed => self.kv.resolve(k),
+            (proposed, accepted) => {
+                return Err(Error::Worker(format!("an SD outcome accepting {accepted:?} of {proposed:?} draft tokens")))
+            }
+        }
+        let mut drafting = Drafting { params: &s.params, rng: &mut s.rng, saguaro: None };
+        let (proposal, span) = timed(self.kv.draft(rec, n, s.confidence, &mut drafting)).await?;
+        s.proposed = Some(proposal.tokens.len());
+        Ok(Reply::Drafted { proposal, span })
+    }
+
+    async fn measure(&mut self, tree_rows: usize) -> Result<Reply> {
+        self.session = None;
+        self.sd = None;
+        Ok(Reply::Measured { costs: self.kv.measure(tree_rows).await? })
+    }
+}
+
+/// SD's drafter when the draft model lives on SSD's worker (in the browser, its own Web Worker),
+/// so that one copy of the draft serves both modes. A round is one job and its reply: the last
+/// round's outcome and up to K tokens asked for, the tokens (with their distributions when
+/// sampling) sent back. The worker draws with a random stream of its own, seeded as SD seeds its
+/// drafter's and used for nothing else (the `rng` SD passes goes unused), and drafts as
+/// [`ModelDrafter`](crate::decode::ModelDrafter) does: the proposals are the ones that drafter
+/// would make on the same model.
+pub struct WorkerDrafter<'a> {
+    worker: &'a mut DraftWorker,
+    req: &'a Request,
+    confidence: f32,
+    /// How many tokens the target accepted of the last proposal: sent with the next round's job.
+    accepted: Option<usize>,
+    /// Milliseconds the worker spent drafting in this generation.
+    busy_ms: f64,
+}
+
+impl<'a> WorkerDrafter<'a> {
+    /// A drafter for `req` under `spec` (only its confidence concerns SD's drafting).
+    pub fn new(worker: &'a mut DraftWorker, req: &'a Request, spec: &SpecConfig) -> Self {
+        WorkerDrafter { worker, req, confidence: spec.confidence, accepted: None, busy_ms: 0.0 }
+    }
+}
+
+impl Drafter for WorkerDrafter<'_> {
+    fn name(&self) -> String {
+        "model".into()
+    }
+
+    fn start<'a>(&'a mut self, prompt: &'a [u32]) -> LocalBoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            // Replies a cancelled earlier generation left behind.
+            self.worker.finish().await;
+            self.accepted = None;
+            self.busy_ms = 0.0;
+            let req = Request { prompt: prompt.to_vec(), ..self.req.clone() };
+            self.worker.send(Job::StartSd { req, confidence: self.confidence })?;
+            match self.worker.recv().await? {
+                Reply::Started => Ok(()),
+                _ => Err(out_of_step()),
+            }
+        })
+    }
+
+    fn propose<'a>(
+        &'a mut self,
+        rec: u32,
+        n: usize,
+        _params: &'a SamplingParams,
+        _rng: &'a mut Rng,
+    ) -> LocalBoxFuture<'a, Result<Proposal>> {
+        Box::pin(async move {
+            self.worker.send(Job::Draft { accepted: self.accepted.take(), rec, n })?;
+            match self.worker.recv().await? {
+                Reply::Drafted { proposal, span } => {
+                    self.busy_ms += span.ms();
+                    Ok(proposal)
+                }
+                _ => Err(out_of_step()),
+            }
+        })
+    }
+
+    fn room(&self, req: &Request) -> usize {
+        self.worker.room(req, 0)
+    }
+
+    fn accept(&mut self, _: &Proposal, accepted: usize) {
+        self.accepted = Some(accepted);
+    }
+
+    fn busy_ms(&self) -> Option<f64> {
+        Some(self.busy_ms)
     }
 }

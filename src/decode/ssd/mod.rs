@@ -22,7 +22,7 @@ pub mod cache;
 mod draft;
 pub mod fanout;
 
-pub use draft::{DraftHost, DraftWorker, Job, Reply};
+pub use draft::{DraftHost, DraftWorker, Job, Reply, WorkerDrafter};
 
 use super::session::{prefill, Decoding};
 use super::spec::{check_draft, timed, verify, Outcome, Proposal, SpecConfig, Tally};
@@ -43,7 +43,7 @@ pub async fn generate_ssd(
     check_draft(target.config(), draft.config())?;
     spec.validate()?;
     let target_room = req.validate(target, 0)?;
-    let room = req.speculative_room(target_room, draft.room(req, spec))?;
+    let room = req.speculative_room(target_room, draft.room(req, spec.draft_scratch()))?;
     // Replies a cancelled earlier generation left behind.
     draft.finish().await;
     let generation = run(target, draft, req, spec, room, sink).await;
