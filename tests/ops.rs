@@ -91,6 +91,7 @@ suite!(
     embed,
     matmul,
     matmul_bias_and_long_rows,
+    matmuls_equal_separate_matmuls,
     attention_causal,
     attention_tree,
     attention_windowed_and_scaled,
@@ -320,6 +321,34 @@ fn matmul_bias_and_long_rows<B: Backend>(b: &B, t: &Tol) {
     check_matmul(b, t, &random_weight(DType::Q8_0, 131, 160, 3).unwrap(), Some(&bias), &[1, 5, 100], 6);
     // A Qwen-like projection: K larger than a GPU workgroup's first sweep.
     check_matmul(b, t, &random_weight(DType::Q4K, 64, 1536, 4).unwrap(), None, &[1, 3], 7);
+    // Rows many GPU sweeps long (Qwen 0.5B's down projection), and Q6_K at the CPU kernels' widest
+    // batch.
+    check_matmul(b, t, &random_weight(DType::Q8_0, 9, 4864, 8).unwrap(), None, &[1, 5], 9);
+    check_matmul(b, t, &random_weight(DType::Q6K, 5, 2048, 10).unwrap(), None, &[1, 9], 11);
+}
+
+/// One input by several weights at once, as a layer's Q, K and V (of mixed types, as Q4_K_M files
+/// store them, with biases) and its gate and up projections: the same bits as one matmul each.
+fn matmuls_equal_separate_matmuls<B: Backend>(b: &B, _: &Tol) {
+    let k = 512;
+    let mut rng = TestRng::new(70);
+    let ws = [(DType::Q4K, 40), (DType::Q6K, 8), (DType::Q8_0, 8), (DType::F16, 24)]
+        .map(|(dtype, rows)| b.load_weight(&random_weight(dtype, rows, k, rows as u64).unwrap()).unwrap());
+    let biases = [40, 8].map(|n| b.load_weight(&Weight::from_f32(1, n, &rng.vec(n))).unwrap());
+    for m in [1, 5, 12] {
+        let x = up(b, m, k, &(0..m * k).map(|_| rng.activation()).collect::<Vec<_>>());
+        let qkv = b.matmuls(&x, [(&ws[0], Some(&biases[0])), (&ws[1], Some(&biases[1])), (&ws[2], None)]).unwrap();
+        let pair = b.matmuls(&x, [(&ws[3], None), (&ws[0], None)]).unwrap();
+        let got = qkv.iter().chain(&pair).map(|t| read(b, t));
+        let separate = [(0, Some(0)), (1, Some(1)), (2, None), (3, None), (0, None)]
+            .map(|(w, bias)| read(b, &b.matmul(&x, &ws[w], bias.map(|i| &biases[i])).unwrap()));
+        for (i, (got, want)) in got.zip(&separate).enumerate() {
+            assert_eq!(got.len(), want.len(), "{}: output {i} at m={m}", b.name());
+            assert!(got.iter().zip(want).all(|(g, w)| g.to_bits() == w.to_bits()), "{}: output {i} at m={m}", b.name());
+        }
+    }
+    let short_bias = b.load_weight(&Weight::from_f32(1, 3, &[0.0; 3])).unwrap();
+    assert!(b.matmuls(&up(b, 1, k, &vec![0.0; k]), [(&ws[0], None), (&ws[1], Some(&short_bias))]).is_err());
 }
 
 /// Attention calls on one backend with its cache carried over between calls, and the reference's

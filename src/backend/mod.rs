@@ -275,6 +275,16 @@ pub trait Backend {
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32) -> Result<Self::Tensor>;
     /// `x [m, k] @ w[n, k]^T (+ bias) -> [m, n]`.
     fn matmul(&self, x: &Self::Tensor, w: &Self::Weight, bias: Option<&Self::Weight>) -> Result<Self::Tensor>;
+    /// [`Backend::matmul`] of one input by each of several weights (a layer's Q, K and V; its gate
+    /// and up projections), equal to separate matmuls. A backend that can run them as one call
+    /// does: the CPU spreads the rows of all of them over its threads at once.
+    fn matmuls<const N: usize>(
+        &self,
+        x: &Self::Tensor,
+        ws: [(&Self::Weight, Option<&Self::Weight>); N],
+    ) -> Result<[Self::Tensor; N]> {
+        all_ok(ws.map(|(w, bias)| self.matmul(x, w, bias)))
+    }
     /// RoPE (see [`Rope`]) of each head of `x [m, heads * head_dim]` at `positions[m]`.
     fn rope(&self, x: &mut Self::Tensor, positions: &[u32], rope: &Rope) -> Result<()>;
     /// Write `k`, `v` of the batch into `cache` at layer `layer`, then attend `q` over the slots
@@ -306,4 +316,10 @@ pub trait Backend {
     fn top_k(&self, x: &Self::Tensor, k: usize, temperature: f32, at: &[u32]) -> impl Future<Output = Result<TopK>>;
     /// Resolves once every op issued so far has finished (for timing queued ops).
     fn sync(&self) -> impl Future<Output = Result<()>>;
+}
+
+/// The values of `N` results, or the first error.
+pub(crate) fn all_ok<T, const N: usize>(results: [Result<T>; N]) -> Result<[T; N]> {
+    let values = results.into_iter().collect::<Result<Vec<T>>>()?;
+    Ok(values.try_into().unwrap_or_else(|_| unreachable!("N results give N values")))
 }

@@ -127,15 +127,15 @@ impl<B: Backend> Transformer<B> {
             let shape = c.attn_shape(i);
             let rope = c.rope(i, self.rope_factors.as_deref());
             let h = b.rms_norm(&x, &l.attn_norm, eps)?;
-            let mut q = norm(b.matmul(&h, &l.wq, l.bq.as_ref())?, &l.q_norm)?;
-            let mut k = norm(b.matmul(&h, &l.wk, l.bk.as_ref())?, &l.k_norm)?;
-            let v = b.matmul(&h, &l.wv, l.bv.as_ref())?;
+            let [q, k, v] = b.matmuls(&h, [(&l.wq, l.bq.as_ref()), (&l.wk, l.bk.as_ref()), (&l.wv, l.bv.as_ref())])?;
+            let (mut q, mut k) = (norm(q, &l.q_norm)?, norm(k, &l.k_norm)?);
             b.rope(&mut q, &batch.positions, &rope)?;
             b.rope(&mut k, &batch.positions, &rope)?;
             let att = b.attention(&q, &k, &v, cache, i, batch, shape)?;
             b.add_assign(&mut x, &norm(b.matmul(&att, &l.wo, None)?, &l.post_attn_norm)?)?;
             let h = b.rms_norm(&x, &l.ffn_norm, eps)?;
-            let act = b.glu(&b.matmul(&h, &l.w_gate, None)?, &b.matmul(&h, &l.w_up, None)?, c.family().activation)?;
+            let [gate, up] = b.matmuls(&h, [(&l.w_gate, None), (&l.w_up, None)])?;
+            let act = b.glu(&gate, &up, c.family().activation)?;
             b.add_assign(&mut x, &norm(b.matmul(&act, &l.w_down, None)?, &l.post_ffn_norm)?)?;
         }
         let x = if out_rows.len() == m && out_rows.iter().enumerate().all(|(i, &r)| r as usize == i) {

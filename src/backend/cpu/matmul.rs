@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use super::kernels::{self, Kernels, RowsFn, MAX_ROWS};
 use super::pool::{Pool, SharedMut};
-use super::quantize::{quantize_32, quantize_k};
+use super::quantize::{quantize_32, quantize_k, Act32, ActInt, ActK, Order};
 use crate::storage::quant::{DType, QK, QK_K};
 use crate::storage::Weight;
 
@@ -157,52 +157,103 @@ pub fn matmul(pool: &Pool, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
 /// [`matmul`] on the kernel set `isa`, at `precision`. Panics where this machine cannot run `isa`
 /// (see [`KernelSet::supported`]).
 pub fn matmul_with(pool: &Pool, isa: KernelSet, precision: Precision, x: &[f32], m: usize, w: &Weight, out: &mut [f32]) {
-    let (n, k) = (w.rows, w.cols);
-    assert_eq!(x.len(), m * k, "matmul: x is not [m, k]");
-    assert_eq!(out.len(), m * n, "matmul: out is not [m, n]");
-    if m == 0 || n == 0 {
+    matmuls_with(pool, isa, precision, x, m, &[w], &mut [out])
+}
+
+/// [`matmul_with`] of one input by several weights of its width (a layer's Q, K and V, or its gate
+/// and up projections): `outs[j] = x ws[j]^T`. The input is quantized once for each form the
+/// weights need, and the rows of all the weights are spread over the pool in one parallel call, so
+/// a decode pays one fork-join for the group rather than one per weight.
+pub fn matmuls_with(
+    pool: &Pool,
+    isa: KernelSet,
+    precision: Precision,
+    x: &[f32],
+    m: usize,
+    ws: &[&Weight],
+    outs: &mut [&mut [f32]],
+) {
+    assert_eq!(ws.len(), outs.len(), "matmuls: one output per weight");
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        assert_eq!(x.len(), m * w.cols, "matmul: x is not [m, k]");
+        assert_eq!(out.len(), m * w.rows, "matmul: out is not [m, n]");
+    }
+    if m == 0 {
         return;
     }
-    if k == 0 {
-        return out.fill(0.0);
+    if x.is_empty() {
+        return outs.iter_mut().for_each(|o| o.fill(0.0));
     }
-    let (dtype, simd) = (w.dtype, isa.avx2());
-    let exact = precision == Precision::Exact;
-    match dtype {
-        DType::F32 | DType::F16 | DType::BF16 => run(pool, w, x, m, isa.pick(|k| (k.float)(dtype)).0, out),
-        DType::Q4K | DType::Q5K | DType::Q6K if exact => {
-            let (kernel, set) = isa.pick(|k| (k.qk_16)(dtype));
-            let order = set.qk_16_order;
-            integer(pool, w, x, m, QK_K, |x, q| quantize_k::<i16>(x, q, simd, order), kernel, out)
+    match precision {
+        Precision::Exact => {
+            matmuls_at::<i16>(pool, isa, x, m, ws, outs, |k, d| (k.qk_16)(d), |k| k.qk_16_order, |k, d| (k.q32_16)(d))
         }
-        DType::Q4K | DType::Q5K | DType::Q6K => {
-            let (kernel, set) = isa.pick(|k| (k.qk)(dtype));
-            let order = set.qk_order;
-            integer(pool, w, x, m, QK_K, |x, q| quantize_k::<i8>(x, q, simd, order), kernel, out)
-        }
-        _ if exact => {
-            let kernel = isa.pick(|k| (k.q32_16)(dtype)).0;
-            integer(pool, w, x, m, QK, |x, q| quantize_32::<i16>(x, q, simd), kernel, out)
-        }
-        _ => integer(pool, w, x, m, QK, |x, q| quantize_32::<i8>(x, q, simd), isa.pick(|k| (k.q32)(dtype)).0, out),
+        Precision::Fast => matmuls_at::<i8>(pool, isa, x, m, ws, outs, |k, d| (k.qk)(d), |k| k.qk_order, |k, d| (k.q32)(d)),
     }
 }
 
-/// A quantized weight's matmul: the activations quantized by `quant` into blocks of `block`
-/// values, then dotted by `kernel`.
+/// The kernel a weight takes, with the activations it reads.
+enum Pick<I> {
+    Float(RowsFn<f32>),
+    /// A K-quant kernel and the order its activation blocks are laid out in.
+    K(RowsFn<ActK<I>>, Order),
+    B32(RowsFn<Act32<I>>),
+}
+
+/// [`matmuls_with`] with activations quantized to `I`, the kernels of each family chosen by `qk`,
+/// `qk_order` and `q32`.
 #[allow(clippy::too_many_arguments)]
-fn integer<B: Default + Copy + Send + Sync>(
+fn matmuls_at<I: ActInt>(
     pool: &Pool,
-    w: &Weight,
+    isa: KernelSet,
     x: &[f32],
     m: usize,
-    block: usize,
-    quant: impl Fn(&[f32], &mut [B]) + Sync,
-    kernel: RowsFn<B>,
-    out: &mut [f32],
+    ws: &[&Weight],
+    outs: &mut [&mut [f32]],
+    qk: impl Fn(&Kernels, DType) -> Option<RowsFn<ActK<I>>>,
+    qk_order: impl Fn(&Kernels) -> Order,
+    q32: impl Fn(&Kernels, DType) -> Option<RowsFn<Act32<I>>>,
 ) {
-    let q = quantize(pool, x, m, w.cols / block, quant);
-    run(pool, w, &q, m, kernel, out)
+    let simd = isa.avx2();
+    let k = x.len() / m;
+    let picks: Vec<Pick<I>> = ws
+        .iter()
+        .map(|w| match w.dtype {
+            DType::F32 | DType::F16 | DType::BF16 => Pick::Float(isa.pick(|s| (s.float)(w.dtype)).0),
+            DType::Q4K | DType::Q5K | DType::Q6K => {
+                let (kernel, set) = isa.pick(|s| qk(s, w.dtype));
+                Pick::K(kernel, qk_order(set))
+            }
+            _ => Pick::B32(isa.pick(|s| q32(s, w.dtype)).0),
+        })
+        .collect();
+    let mut k_acts: Vec<(Order, Vec<ActK<I>>)> = Vec::new();
+    let mut b32_acts: Option<Vec<Act32<I>>> = None;
+    for pick in &picks {
+        match *pick {
+            Pick::K(_, order) if !k_acts.iter().any(|(o, _)| *o == order) => {
+                k_acts.push((order, quantize(pool, x, m, k / QK_K, |x, q| quantize_k::<I>(x, q, simd, order))))
+            }
+            Pick::B32(_) if b32_acts.is_none() => {
+                b32_acts = Some(quantize(pool, x, m, k / QK, |x, q| quantize_32::<I>(x, q, simd)))
+            }
+            _ => {}
+        }
+    }
+    let parts: Vec<Part> = picks
+        .iter()
+        .zip(ws)
+        .zip(outs.iter_mut())
+        .map(|((pick, w), out)| match *pick {
+            Pick::Float(kernel) => part(pool, w, x, m, kernel, out),
+            Pick::K(kernel, order) => {
+                let acts = &k_acts.iter().find(|(o, _)| *o == order).expect("quantized above").1;
+                part(pool, w, acts, m, kernel, out)
+            }
+            Pick::B32(kernel) => part(pool, w, b32_acts.as_deref().expect("quantized above"), m, kernel, out),
+        })
+        .collect();
+    run_parts(pool, &parts);
 }
 
 /// The `m` rows of `x` quantized into `per_row` blocks each, rows spread over the pool.
@@ -234,13 +285,19 @@ fn chunk_rows(pool: &Pool, n: usize, row_bytes: usize) -> usize {
     balance.min(L2_SHARE / row_bytes.max(1)).max(1)
 }
 
-/// `out = x w^T` for the `m` rows of `x`.
-fn run<A: Sync>(pool: &Pool, w: &Weight, x: &[A], m: usize, kernel: RowsFn<A>, out: &mut [f32]) {
+/// One weight's matmul as chunks of its rows, for [`run_parts`].
+struct Part<'a> {
+    chunks: usize,
+    run: Box<dyn Fn(usize) + Sync + 'a>,
+}
+
+/// `out = x w^T` for the `m` rows of `x`, as a [`Part`].
+fn part<'a, A: Sync>(pool: &Pool, w: &'a Weight, x: &'a [A], m: usize, kernel: RowsFn<A>, out: &'a mut [f32]) -> Part<'a> {
     let n = w.rows;
     let per_row = x.len() / m;
     let rows = chunk_rows(pool, n, w.row_bytes());
     let out_ptr = SharedMut(out.as_mut_ptr());
-    pool.for_each(n.div_ceil(rows), |c| {
+    let run = move |c: usize| {
         let out_ptr = out_ptr;
         let own = c * rows..((c + 1) * rows).min(n);
         let wc = w.rows_range(own.clone());
@@ -254,11 +311,30 @@ fn run<A: Sync>(pool: &Pool, w: &Weight, x: &[A], m: usize, kernel: RowsFn<A>, o
             unsafe { kernel(wc, &x[i0 * per_row..(i0 + g) * per_row], g, o) };
             for (r, o) in own.clone().zip(o.chunks_exact(g)) {
                 for (i, &o) in o.iter().enumerate() {
-                    // SAFETY: (i0 + i, r) is written by this chunk alone, and out has m * n elements.
+                    // SAFETY: (i0 + i, r) is written by this chunk alone, and out (borrowed for 'a)
+                    // has m * n elements.
                     unsafe { *out_ptr.0.add((i0 + i) * n + r) = o };
                 }
             }
         }
+    };
+    Part { chunks: n.div_ceil(rows), run: Box::new(run) }
+}
+
+/// Every chunk of every part, in one parallel call.
+fn run_parts(pool: &Pool, parts: &[Part]) {
+    let starts: Vec<usize> = parts
+        .iter()
+        .scan(0, |at, p| {
+            let start = *at;
+            *at += p.chunks;
+            Some(start)
+        })
+        .collect();
+    let total = parts.iter().map(|p| p.chunks).sum();
+    pool.for_each(total, |c| {
+        let j = starts.partition_point(|&s| s <= c) - 1;
+        (parts[j].run)(c - starts[j])
     });
 }
 

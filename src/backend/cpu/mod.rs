@@ -8,12 +8,12 @@ mod quantize;
 
 use std::future::{ready, Future};
 
-use crate::backend::{check_top_k, rope_table, Activation, AttnShape, Backend, Batch, Rope, TopK};
+use crate::backend::{all_ok, check_top_k, rope_table, Activation, AttnShape, Backend, Batch, Rope, TopK};
 use crate::error::{Error, Result};
 use crate::storage::Weight;
 use pool::{Pool, SharedMut};
 
-pub use matmul::{matmul, matmul_with, KernelSet, Precision};
+pub use matmul::{matmul, matmul_with, matmuls_with, KernelSet, Precision};
 pub use pool::Pool as CpuPool;
 
 /// A row-major `[rows, cols]` f32 matrix.
@@ -164,6 +164,27 @@ impl Backend for CpuBackend {
             out.chunks_exact_mut(w.rows).for_each(|r| r.iter_mut().zip(&b).for_each(|(y, b)| *y += b));
         }
         Ok(Tensor::new(x.rows, w.rows, out))
+    }
+
+    fn matmuls<const N: usize>(&self, x: &Tensor, ws: [(&Weight, Option<&Weight>); N]) -> Result<[Tensor; N]> {
+        // Weights padded wider than their input (a slimmed draft's) pad it one by one.
+        if ws.iter().any(|(w, _)| w.cols != x.cols) {
+            return all_ok(ws.map(|(w, bias)| self.matmul(x, w, bias)));
+        }
+        let biases = ws.map(|(_, bias)| bias.map(|b| b.to_f32()));
+        let fits = biases.iter().zip(&ws).all(|(b, (w, _))| b.as_ref().is_none_or(|b| b.len() == w.rows));
+        shape_check(fits, "matmul bias")?;
+        let mut outs = ws.map(|(w, _)| vec![0.0; x.rows * w.rows]);
+        let weights = ws.map(|(w, _)| w);
+        let mut views = outs.each_mut().map(|o| o.as_mut_slice());
+        matmuls_with(&self.pool, self.kernels, self.precision, &x.data, x.rows, &weights, &mut views);
+        for (out, bias) in outs.iter_mut().zip(&biases) {
+            if let Some(b) = bias {
+                out.chunks_exact_mut(b.len()).for_each(|r| r.iter_mut().zip(b).for_each(|(y, b)| *y += b));
+            }
+        }
+        let mut cols = weights.iter().map(|w| w.rows);
+        Ok(outs.map(|o| Tensor::new(x.rows, cols.next().expect("one per output"), o)))
     }
 
     fn rope(&self, x: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
