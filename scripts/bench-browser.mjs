@@ -2,8 +2,8 @@
 // compiled to wasm, WebGPU off) against Saguaro's wasm CPU backend (pkg/, its engine Web Worker),
 // each at the same thread counts (default 1 and 2), on the same GGUF files (default SmolLM2 135M
 // Q4_1 and Qwen2.5-Coder 0.5B), greedy decoding of the same raw prompt, the same number of
-// generated tokens. The page is cross-origin isolated (COOP/COEP, added by a proxy in front of
-// scripts/serve.mjs), which both need for more than one thread: wllama's pthreads build, our
+// generated tokens. The page is cross-origin isolated (COOP/COEP, as scripts/serve.mjs serves
+// every page), which both need for more than one thread: wllama's pthreads build, our
 // threads build (a pool of workers sharing wasm memory; 1 thread loads the single-thread build).
 // Per model all engines are loaded once (one at a time) and warmed up, then runs alternate
 // (wllama 1 thread, saguaro 1 thread, wllama 2 threads, saguaro 2 threads, ...), so that the
@@ -72,8 +72,8 @@ try {
   cores = execSync('nproc', { encoding: 'utf8' }).trim();
 } catch {}
 
-// The demo server, and in front of it a proxy that makes every response cross-origin isolated
-// and answers /bench.html with an empty page to run the benchmark in.
+// The demo server (cross-origin isolated), and in front of it a proxy that answers /bench.html
+// with an empty page, isolated alike, to run the benchmark in.
 const upstream = await new Promise((resolve, reject) => {
   const s = createServer();
   s.listen(0, '127.0.0.1', () => {
@@ -87,14 +87,14 @@ await new Promise((resolve, reject) => {
   server.stdout.once('data', resolve);
   server.once('exit', (code) => reject(new Error(`server exited with ${code}`)));
 });
-const ISOLATION = { 'cross-origin-opener-policy': 'same-origin', 'cross-origin-embedder-policy': 'require-corp', 'cross-origin-resource-policy': 'same-origin' };
+const ISOLATION = { 'cross-origin-opener-policy': 'same-origin', 'cross-origin-embedder-policy': 'require-corp' };
 const proxy = createServer((req, res) => {
   if (req.url === '/bench.html') {
     res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', ...ISOLATION });
     return res.end('<!doctype html><meta charset="utf-8"><link rel="icon" href="data:,"><title>bench</title>');
   }
   const up = request({ host: '127.0.0.1', port: upstream, path: req.url, method: req.method, headers: req.headers }, (r) => {
-    res.writeHead(r.statusCode, { ...r.headers, ...ISOLATION });
+    res.writeHead(r.statusCode, r.headers);
     r.pipe(res);
   });
   up.on('error', () => res.destroy());
