@@ -19,7 +19,7 @@
 # MAX_TOKENS (64), ROUNDS (1), REPS (100 calls per timed batch), SPEC_K (4), PAIR (1: the
 # 0.5B-draft run), BUDGET (540 s: a step that would end past it is cut short or skipped), QUICK=1
 # (a short run on lavapipe, to check the script: one prompt, 8 tokens, 2 reps, no head matmul),
-# WORK (/tmp/saguaro-gpu-bench, the model files).
+# WORK (target/gpu-bench, the model files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,7 +45,7 @@ bin=${SAGUARO:-}
 shape=${SHAPE:-qwen2.5-1.5b}
 peak=${PEAK_GBS:-4800}
 spec_k=${SPEC_K:-4}
-work=${WORK:-/tmp/saguaro-gpu-bench}
+work=${WORK:-target/gpu-bench}
 if [ "$quick" = 1 ]; then
   max_tokens=${MAX_TOKENS:-8} rounds=${ROUNDS:-1} reps=${REPS:-2} head=() working_set=16
 else
