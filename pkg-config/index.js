@@ -123,12 +123,13 @@ function spawnDraft(source, cfg, threads, lock, onProgress) {
   });
   // A draft worker that fails once loaded is ended: the engine worker sees it go.
   loaded.then(() => (worker.onerror = () => worker.terminate()), () => {});
+  // The draft worker's model is the engine options' draft (`draftBackend`); its target is unused.
   worker.postMessage({ port: channel.port2, source, opts: { ...cfg, backend: 'cpu', threads }, lock }, [channel.port2]);
   return { worker, port: channel.port1, loaded };
 }
 
-/** The browser placement: engine worker, plus a draft worker on the CPU for SSD, which serves SD
- * too. */
+/** The browser placement: engine worker, plus a draft worker (on the CPU or its own GPUDevice) for
+ * SSD, which serves SD too. */
 class WorkerEngine {
   static async load(models, opts, modes) {
     const gpu = await webgpuAdapter();
@@ -143,9 +144,11 @@ class WorkerEngine {
     if (draftBackend === 'gpu' && !gpu) throw new SaguaroError('no_webgpu', 'draftBackend "gpu": this browser has no WebGPU adapter');
     const target = transferable(models.target, 'target');
     const draft = models.draft ? transferable(models.draft, 'draft') : null;
-    const remoteSsd = !!draft && modes.includes('ssd') && draftBackend === 'cpu';
-    // The draft worker drafts for SD as well: one copy of the draft, held there. Without SSD
-    // (or with the draft on WebGPU) the engine worker holds it.
+    // With the draft on WebGPU too, the draft worker requests a GPUDevice of its own: its
+    // speculation is submitted on its own queue while the target's verification is in flight.
+    const remoteSsd = !!draft && modes.includes('ssd');
+    // The draft worker drafts for SD as well: one copy of the draft, held there. Without SSD the
+    // engine worker holds it.
     const workerSd = remoteSsd && modes.includes('sd');
     const localModes = remoteSsd ? [] : modes.filter((m) => m === 'sd' || m === 'ssd');
     // The threads build computes on the CPU only: it serves an engine worker with nothing on
@@ -155,10 +158,10 @@ class WorkerEngine {
     // SSD alone runs on one thread, beside the target.
     const threads = opts.threads ?? defaultThreads(globalThis.navigator?.hardwareConcurrency);
     const shareable = Number.isInteger(threads) && threads > 1 && canShareMemory();
-    const draftThreads = workerSd && shareable ? threads : 1;
+    const draftThreads = workerSd && shareable && draftBackend === 'cpu' ? threads : 1;
     let engineThreads = threads;
     if (Number.isInteger(threads) && threads > 1) {
-      if (backend === 'gpu' || draftBackend === 'gpu') engineThreads = 1;
+      if (backend === 'gpu' || (draftBackend === 'gpu' && !remoteSsd)) engineThreads = 1;
       else if (!canShareMemory()) {
         engineThreads = 1;
         console.info('saguaro: the page is not cross-origin isolated, so the CPU backend computes on one thread ' +

@@ -2,7 +2,8 @@
 # The browser package's tests: build pkg/, pack it, install the tarball into a fresh project and
 # run the Node tests there (on the threads build); run the library's wasm tests (simd128 kernels
 # against the portable ones) in headless Chromium; the engine and draft workers (abort, a dead
-# draft) in Chromium; the threads build on a cross-origin isolated page (2 threads against the
+# draft) in Chromium; both models on WebGPU (tiny synthesized models), the draft on its own
+# GPUDevice in its worker; the threads build on a cross-origin isolated page (2 threads against the
 # golden ids and the single-thread build); then the demo end to end in Chromium (WebGPU via
 # SwiftShader).
 # Needs models/ (scripts/fetch-models.sh) and Debian's chromium.
@@ -37,6 +38,9 @@ scripts/test-wasm.sh
 
 echo "== the two Web Workers in Chromium: abort, a dead draft worker"
 node tests/web/worker.mjs
+
+echo "== both models on WebGPU in Chromium: the draft worker on a GPUDevice of its own"
+node tests/web/gpu.mjs
 
 echo "== the threads build in Chromium: a cross-origin isolated page, a pool of 2 compute workers"
 node tests/web/threads.mjs

@@ -27,8 +27,8 @@ struct Params {
 
 const NO_SLOT: u32 = 0xffffffffu;
 const WG: u32 = 64u;
-// head_dim <= WG * MAX_DIMS.
-const MAX_DIMS: u32 = 4u;
+// Output dimensions per thread: head_dim <= WG * MAX_DIMS.
+const MAX_DIMS: u32 = {{DIMS}}u;
 // Below every score, but finite, so that exp(NEG - NEG) is 1 rather than NaN.
 const NEG: f32 = -3.0e38;
 

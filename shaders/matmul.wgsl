@@ -3,7 +3,8 @@
 //
 // `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its 64
 // threads split K, and each weight value, decoded once, is used for all MT rows (each activation
-// value loaded, for all NR rows). The partial sums meet in workgroup memory behind one barrier.
+// value loaded, for all NR rows). The partial sums meet in `workgroup_sums`, filled in below from
+// sums_workgroup.wgsl or, where the device has subgroups, sums_subgroup.wgsl.
 //
 // `matmul_tiled` serves prefill (M > 64) in 32 x 32 output tiles, x and the decoded W staged
 // through workgroup memory 32 values of K at a time; each of the 64 threads accumulates a 4 x 4
@@ -27,8 +28,6 @@ struct Params {
 const WG: u32 = 64u;
 const NR: u32 = {{NR}}u;
 const MT: u32 = {{MT}}u;
-
-var<workgroup> partial: array<f32, NR * MT * WG>;
 
 fn xload4(row: u32, i: u32) -> vec4<f32> {
     let b = row * p.k + i;
@@ -79,23 +78,16 @@ fn matmul_rows(
             }
         }
     }
-    for (var j = 0u; j < NR * MT; j++) {
-        partial[j * WG + t] = acc[j];
-    }
-    workgroupBarrier();
-    if (t < NR * MT) {
-        let r = r0 + t / MT;
-        let row = m0 + t % MT;
-        if (r < p.rows && row < p.m) {
-            var s = 0.0;
-            for (var q = 0u; q < WG; q++) {
-                s += partial[t * WG + q];
-            }
-            let col = p.row0 + r;
-            out[row * p.n + col] = finish(col, s);
-        }
+    let s = workgroup_sums(t, &acc);
+    let r = r0 + t / MT;
+    let row = m0 + t % MT;
+    if (t < NR * MT && r < p.rows && row < p.m) {
+        let col = p.row0 + r;
+        out[row * p.n + col] = finish(col, s);
     }
 }
+
+{{SUMS}}
 
 const TS: u32 = 32u;
 const TK: u32 = 32u;

@@ -110,8 +110,9 @@ fn row_stats(
     if (row >= p.rows) {
         return;
     }
-    let neg_inf = bitcast<f32>(0xff800000u);
-    var m = neg_inf;
+    // Below any logit, but finite: Tint's constant evaluation rejects -inf (even from a bitcast)
+    // and f32's limit once the WGSL has been written back out through f64.
+    var m = -3.0e38;
     for (var i = t; i < p.n; i += WG) {
         let v = x[row * p.n + i];
         if (!is_nan(v)) {
@@ -147,6 +148,7 @@ fn row_stats(
         let base = row * p.out_stride + 2u * p.k;
         pout[base] = bitcast<u32>(top + log(red[0]));
         let c = cols[row];
-        pout[base + 1u] = bitcast<u32>(select(neg_inf, x[row * p.n + min(c, p.n - 1u)], c < p.n));
+        // -inf's bits for a column out of range.
+        pout[base + 1u] = select(0xff800000u, bitcast<u32>(x[row * p.n + min(c, p.n - 1u)]), c < p.n);
     }
 }

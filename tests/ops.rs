@@ -64,6 +64,52 @@ fn cpu(precision: Precision) -> &'static CpuBackend {
     cell.get_or_init(|| CpuBackend::new(2).unwrap().with_precision(precision))
 }
 
+/// The GPU with its reductions through workgroup memory alone (plain WebGPU), where the adapter
+/// has subgroups and `gpu::*` runs with them; `None` elsewhere (`gpu::*` is then this path).
+fn gpu_plain() -> Option<&'static GpuBackend> {
+    use std::sync::OnceLock;
+    static PLAIN: OnceLock<Option<GpuBackend>> = OnceLock::new();
+    PLAIN
+        .get_or_init(|| {
+            let shared = util::shared_gpu()?;
+            if !shared.subgroups() {
+                println!("gpu_plain: the adapter has no subgroups, so gpu::* ran the plain path");
+                return None;
+            }
+            util::open_gpu(GpuOptions { no_subgroups: true, ..Default::default() })
+        })
+        .as_ref()
+}
+
+/// Each reduction path the adapter offers ran: the shared GPU takes subgroups wherever the adapter
+/// has them, and a matmul on it and on the plain GPU builds the kernel of each path.
+#[test]
+fn gpu_reduction_paths_ran() {
+    let Some(g) = util::shared_gpu() else { return };
+    let offered = block_on(saguaro::backend::gpu::list_adapters())
+        .iter()
+        .any(|a| a.info.name == g.adapter_info().name && a.features.contains(wgpu::Features::SUBGROUP));
+    assert_eq!(g.subgroups(), offered, "the GPU uses subgroups exactly where its adapter offers them");
+    let w = random_weight(DType::Q8_0, 8, 64, 5).unwrap();
+    let x = TestRng::new(5).vec(2 * 64);
+    let mut paths = vec![(g, "SUMS=@sums_subgroup")];
+    if let Some(plain) = gpu_plain() {
+        assert!(!plain.subgroups());
+        paths.push((plain, "SUMS=@sums_workgroup"));
+    }
+    if !offered {
+        paths = vec![(g, "SUMS=@sums_workgroup")];
+    }
+    for (b, path) in paths {
+        let gw = b.load_weight(&w).unwrap();
+        let out = b.matmul(&up(b, 2, 64, &x), &gw, None).unwrap();
+        read(b, &out);
+        let built = b.kernels_built();
+        assert!(built.iter().any(|k| k.starts_with("matmul.matmul_rows") && k.contains(path)), "{path} did not run: {built:?}");
+        println!("{}: {path} ran", b.name());
+    }
+}
+
 macro_rules! suite {
     ($($op:ident),* $(,)?) => {
         mod cpu_exact {
@@ -75,6 +121,13 @@ macro_rules! suite {
         mod gpu {
             $(#[test] fn $op() {
                 if let Some(g) = super::util::shared_gpu() {
+                    super::$op(g, &super::GPU)
+                }
+            })*
+        }
+        mod gpu_plain {
+            $(#[test] fn $op() {
+                if let Some(g) = super::gpu_plain() {
                     super::$op(g, &super::GPU)
                 }
             })*

@@ -12,7 +12,8 @@ use super::encoder::f;
 use super::pipelines::ATTENTION;
 use super::{groups, shape_check, Cache, GpuBackend, Tensor};
 
-/// Head dimensions the kernel holds (64 threads x 4 values each).
+/// Head dimensions the kernel holds (64 threads x 4 values each). A kernel is built for the
+/// values per thread a head needs, so that a 64-wide head does not carry (and multiply) 256.
 const MAX_HEAD_DIM: usize = 256;
 /// Queries one workgroup attends for (`QMAX` in attention.wgsl).
 const QUERIES: usize = 8;
@@ -71,10 +72,12 @@ impl GpuBackend {
         let cache_bytes = (cache.capacity.max(1) * kv_dim * 4) as u64;
         let (kc, vc) = ((5, &cache.k[layer], cache_bytes), (6, &cache.v[layer], cache_bytes));
         let meta_bind = (4, &meta, meta.size());
-        let write = self.kernel(&ATTENTION, "kv_write", &[])?;
+        let dims = s.head_dim.div_ceil(64).to_string();
+        let vars = [("DIMS", dims.as_str())];
+        let write = self.kernel(&ATTENTION, "kv_write", &vars)?;
         self.dispatch(&write, &params, &[k.bind(2), v.bind(3), meta_bind, kc, vc], groups(m * kv_dim, 64)?)?;
         let out = self.tensor(m, q.cols)?;
-        let attend = self.kernel(&ATTENTION, "attend", &[])?;
+        let attend = self.kernel(&ATTENTION, "attend", &vars)?;
         // One workgroup per KV head and block of QUERIES (rows x query heads) of it.
         let blocks = (m * (s.n_heads / s.n_kv_heads)).div_ceil(QUERIES);
         self.dispatch(&attend, &params, &[q.bind(1), meta_bind, kc, vc, out.bind(7)], groups(s.n_kv_heads * blocks, 1)?)?;

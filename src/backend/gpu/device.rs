@@ -71,13 +71,15 @@ async fn pick_adapter(opts: &GpuOptions) -> Result<wgpu::Adapter> {
 }
 
 /// The device with the adapter's own limits (the defaults are far smaller: 128 MiB bindings
-/// matter for weights), and no optional features: every kernel runs on plain WebGPU.
+/// matter for weights) and subgroups where the adapter has them (unless `opts` says not to); every
+/// kernel also runs on plain WebGPU. (wgpu's browser backend offers no subgroups yet.)
 pub(super) async fn open(opts: &GpuOptions) -> Result<(wgpu::AdapterInfo, wgpu::Device, wgpu::Queue)> {
     let adapter = pick_adapter(opts).await?;
+    let wanted = if opts.no_subgroups { wgpu::Features::empty() } else { wgpu::Features::SUBGROUP };
     let (device, queue) = adapter
         .request_device(&wgpu::DeviceDescriptor {
             label: Some("saguaro"),
-            required_features: wgpu::Features::empty(),
+            required_features: adapter.features() & wanted,
             required_limits: adapter.limits(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,

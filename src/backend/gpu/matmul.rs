@@ -19,6 +19,11 @@ const NR: usize = 4;
 const MAX_MT: usize = 8;
 
 impl GpuBackend {
+    /// How `matmul_rows` adds up its threads' partial dots (a snippet's name, see pipelines.rs).
+    fn sums(&self) -> &'static str {
+        if self.subgroups() { "@sums_subgroup" } else { "@sums_workgroup" }
+    }
+
     pub(super) fn matmul_weight(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>) -> Result<Tensor> {
         shape_check(w.cols() == x.cols, "matmul")?;
         let (m, n, k) = (x.rows, w.rows(), w.cols());
@@ -30,7 +35,7 @@ impl GpuBackend {
         let kernel = self.kernel(
             &MATMUL,
             if tiled { "matmul_tiled" } else { "matmul_rows" },
-            &[("DTYPE", w.dtype().name()), ("NR", &nr_s), ("MT", &mt_s)],
+            &[("DTYPE", w.dtype().name()), ("NR", &nr_s), ("MT", &mt_s), ("SUMS", self.sums())],
         )?;
         // Without a bias the kernel never reads binding 3; x stands in for it.
         let (bias_buf, bias_bytes) = match bias {

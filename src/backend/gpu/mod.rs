@@ -48,6 +48,9 @@ pub struct GpuOptions {
     /// Cap the bytes of one weight buffer below the device's storage binding limit (weights
     /// larger than that are split by rows); for testing the split on devices with large limits.
     pub max_binding_bytes: Option<u64>,
+    /// Reduce through workgroup memory alone even where the adapter has subgroups: the plain
+    /// WebGPU path, for comparing and testing it.
+    pub no_subgroups: bool,
 }
 
 /// A row-major `[rows, cols]` f32 matrix on the GPU.
@@ -122,6 +125,17 @@ impl GpuBackend {
         &self.info
     }
 
+    /// Whether the kernels reduce within subgroups (the device has them and they were not
+    /// declined), rather than through workgroup memory alone.
+    pub fn subgroups(&self) -> bool {
+        self.device.features().contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// The name of every kernel built so far, with the values its placeholders were given.
+    pub fn kernels_built(&self) -> Vec<String> {
+        self.pipelines.names()
+    }
+
     /// Frees the device and its memory now rather than at drop: every later call fails with
     /// [`Error::DeviceLost`], exactly as after a real loss (a driver reset, a GPU removed), so this
     /// is also how that path is tested. Open a new backend to go on.
@@ -167,9 +181,10 @@ impl Backend for GpuBackend {
 
     fn name(&self) -> String {
         // Browsers may withhold the adapter's name.
+        let sums = if self.subgroups() { ", subgroups" } else { "" };
         match self.info.name.as_str() {
-            "" => format!("gpu ({:?})", self.info.backend),
-            name => format!("gpu ({name}, {:?})", self.info.backend),
+            "" => format!("gpu ({:?}{sums})", self.info.backend),
+            name => format!("gpu ({name}, {:?}{sums})", self.info.backend),
         }
     }
 

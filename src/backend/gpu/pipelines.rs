@@ -1,6 +1,6 @@
 //! WGSL sources and the cache of compute pipelines built from them. A source may hold `{{NAME}}`
-//! placeholders (the weight type, tile sizes) that are filled in when a pipeline is first needed,
-//! so that one kernel serves every variant.
+//! placeholders (the weight type, tile sizes, a function written for the device's features) that
+//! are filled in when a pipeline is first needed, so that one kernel serves every variant.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,6 +17,13 @@ pub(super) struct Shader {
 }
 
 const DEQUANT: &str = include_str!("../../../shaders/dequant.wgsl");
+
+/// WGSL pieces a kernel takes in place of a placeholder whose value names them (`@name`): one
+/// function written for two kinds of device, so that a kernel need not be written twice.
+const SNIPPETS: [(&str, &str); 2] = [
+    ("@sums_workgroup", include_str!("../../../shaders/sums_workgroup.wgsl")),
+    ("@sums_subgroup", include_str!("../../../shaders/sums_subgroup.wgsl")),
+];
 
 pub(super) const MATMUL: Shader =
     Shader { name: "matmul", source: include_str!("../../../shaders/matmul.wgsl"), dequant: true };
@@ -45,6 +52,12 @@ pub(super) struct Pipelines {
 }
 
 impl Pipelines {
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.cache.lock().unwrap().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
     /// The pipeline of `entry` in `shader` with the placeholders replaced as `vars` says.
     pub fn get(&self, device: &wgpu::Device, shader: &Shader, entry: &str, vars: &[(&str, &str)]) -> Result<Kernel> {
         let name = std::iter::once(format!("{}.{entry}", shader.name))
@@ -56,7 +69,8 @@ impl Pipelines {
         }
         let mut src = if shader.dequant { format!("{DEQUANT}\n{}", shader.source) } else { shader.source.to_string() };
         for (k, v) in vars {
-            src = src.replace(&format!("{{{{{k}}}}}"), v);
+            let text = SNIPPETS.iter().find(|(name, _)| name == v).map_or(*v, |(_, text)| *text);
+            src = src.replace(&format!("{{{{{k}}}}}"), text);
         }
         let (pipeline, layout) = scoped(
             device,

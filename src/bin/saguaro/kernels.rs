@@ -8,7 +8,7 @@ use futures::executor::block_on;
 use serde_json::json;
 
 use saguaro::backend::cpu::{CpuBackend, KernelSet};
-use saguaro::backend::gpu::list_adapters;
+use saguaro::backend::gpu::{list_adapters, GpuOptions};
 use saguaro::backend::{bench_kernels, BenchOptions, KernelBench, WeightsIn};
 use saguaro::model::load::open;
 use saguaro::storage::quant::DType;
@@ -127,8 +127,16 @@ pub fn bench(args: &BenchKernelsArgs) -> Result<()> {
             if !args.kernels.is_empty() {
                 return Err(Error::InvalidArgument("--kernels names CPU kernel sets: use it with --backend cpu".into()));
             }
+            // Every path the kernels can take on this adapter, one after the other: with subgroups
+            // (where it has them) and through workgroup memory alone.
             let gpu = args.device.open_gpu()?;
-            vec![(saguaro::backend::Backend::name(&gpu), block_on(bench_kernels(&gpu, &opts))?)]
+            let mut runs = vec![(saguaro::backend::Backend::name(&gpu), block_on(bench_kernels(&gpu, &opts))?)];
+            if gpu.subgroups() {
+                drop(gpu);
+                let plain = args.device.open_gpu_with(GpuOptions { no_subgroups: true, ..Default::default() })?;
+                runs.push((saguaro::backend::Backend::name(&plain), block_on(bench_kernels(&plain, &opts))?));
+            }
+            runs
         }
     };
     for (name, rows) in runs {

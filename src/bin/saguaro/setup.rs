@@ -100,7 +100,12 @@ pub struct DeviceArgs {
 
 impl DeviceArgs {
     pub fn open_gpu(&self) -> Result<GpuBackend> {
-        block_on(GpuBackend::new(GpuOptions { adapter: self.adapter.clone(), ..Default::default() }))
+        self.open_gpu_with(GpuOptions::default())
+    }
+
+    /// The GPU with `opts`, on this adapter.
+    pub fn open_gpu_with(&self, opts: GpuOptions) -> Result<GpuBackend> {
+        block_on(GpuBackend::new(GpuOptions { adapter: self.adapter.clone(), ..opts }))
     }
 }
 

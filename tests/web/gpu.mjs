@@ -1,0 +1,77 @@
+// Both models on WebGPU in Debian's Chromium (SwiftShader), driven by playwright-core: the draft in
+// its own worker on a GPUDevice of its own, speculating for SSD while the engine worker's target
+// verifies on another, and drafting for SD. The models are tiny GGUFs of Qwen 2.5's layout with
+// random weights (`saguaro synth`; SwiftShader runs WebGPU on the CPU, at seconds per token for a
+// real 135M model): the draft is the target's weights at 4 bits instead of 8, so that it proposes
+// the target's tokens often but not always.
+// Greedy SD and SSD equal AR on the target on WebGPU and on the CPU; sampled SSD repeats itself
+// with a seed; the draft's speculation overlaps the target's verification.
+// Usage: node tests/web/gpu.mjs   (after scripts/build-web.sh and cargo build --release --bin saguaro)
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdirSync } from 'node:fs';
+import { chromium } from 'playwright-core';
+import { check } from './golden.mjs';
+
+const dir = 'target/web-gpu-models';
+mkdirSync(dir, { recursive: true });
+for (const [name, dtype] of [['target', 'q8_0'], ['draft', 'q4_0']]) {
+  execFileSync('target/release/saguaro', ['synth', '--shape', 'tiny', '--dtype', dtype, '--out', `${dir}/${name}.gguf`]);
+}
+const port = 8000 + Math.floor(Math.random() * 1000);
+const server = spawn('node', ['scripts/serve.mjs', '.', String(port)], { stdio: ['ignore', 'pipe', 'inherit'] });
+await new Promise((resolve) => server.stdout.once('data', resolve));
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  args: ['--enable-unsafe-webgpu', '--no-sandbox', '--disable-background-networking', '--disable-component-update',
+    '--no-first-run', '--disable-sync'],
+});
+const prompts = ['The quick brown fox', 'def main():\n    print('];
+const n = 16;
+
+try {
+  const page = await browser.newPage();
+  page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
+  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
+  await page.goto(`http://127.0.0.1:${port}/www/`);
+  for (const backend of ['gpu', 'cpu']) {
+    const r = await page.evaluate(async ([dir, prompts, backend, n]) => {
+      const { Saguaro } = await import('/pkg/index.js');
+      const e = await Saguaro.load({ target: `/${dir}/target.gguf`, draft: `/${dir}/draft.gguf` }, { backend, draftBackend: 'gpu', specK: 3 });
+      const out = { info: e.info, greedy: [] };
+      for (const prompt of backend === 'gpu' ? prompts : prompts.slice(1)) {
+        const run = {};
+        for (const mode of ['ar', 'sd', 'ssd']) {
+          const g = await e.generate(prompt, { mode, maxTokens: n });
+          run[mode] = { tokens: g.tokens, tps: g.stats.tokensPerS, acceptance: g.stats.acceptanceRate, overlap: g.stats.overlapMs, busy: g.stats.draftBusyMs };
+        }
+        out.greedy.push(run);
+      }
+      const opts = { mode: 'ssd', maxTokens: n, temperature: 0.8, seed: 5 };
+      out.sampled = [(await e.generate(prompts[0], opts)).tokens, (await e.generate(prompts[0], opts)).tokens];
+      await e.dispose();
+      return out;
+    }, [dir, prompts, backend, n]);
+    check(r.info.backend === backend && r.info.draftBackend === 'gpu' && r.info.draftWorker,
+      `target on ${backend}, the draft on WebGPU in its own worker (${JSON.stringify(r.info)})`);
+    r.greedy.forEach((run, i) => {
+      console.log(`metrics: target ${backend}, prompt ${i}: AR ${run.ar.tps.toFixed(1)} tok/s, SD ${run.sd.tps.toFixed(1)}, ` +
+        `SSD ${run.ssd.tps.toFixed(1)} (acceptance ${run.ssd.acceptance.toFixed(2)}, draft busy ${run.ssd.busy.toFixed(0)} ms, ` +
+        `${run.ssd.overlap.toFixed(0)} ms of it during verification)`);
+      check(run.ar.tokens.length === n, `target ${backend}, prompt ${i}: AR gives ${n} tokens`);
+      for (const mode of ['sd', 'ssd']) {
+        check(JSON.stringify(run[mode].tokens) === JSON.stringify(run.ar.tokens),
+          `target ${backend}, prompt ${i}: greedy ${mode.toUpperCase()} with the draft on WebGPU equals AR`);
+      }
+    });
+    const acceptance = r.greedy.map((run) => run.ssd.acceptance);
+    check(acceptance.some((a) => a > 0) && acceptance.some((a) => a < 1),
+      `the draft's proposals were accepted and rejected (acceptance ${acceptance.map((a) => a.toFixed(2))})`);
+    check(r.greedy.every((run) => run.ssd.overlap > 0), 'the draft\'s speculation overlapped the target\'s verification');
+    check(r.sampled[0].length === n && JSON.stringify(r.sampled[0]) === JSON.stringify(r.sampled[1]),
+      `target ${backend}: sampled SSD with a seed repeats itself`);
+  }
+  console.log('gpu: all passed');
+} finally {
+  await browser.close();
+  server.kill();
+}
