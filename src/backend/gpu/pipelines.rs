@@ -52,6 +52,7 @@ pub(super) struct Pipelines {
 }
 
 impl Pipelines {
+    /// The names of the pipelines built so far, sorted.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.cache.lock().unwrap().keys().cloned().collect();
         names.sort();
