@@ -189,12 +189,17 @@ impl Costs {
     pub fn choose(&self, a: f64, ssd: Option<(usize, &Fanout)>) -> Choice {
         let tokens = |k: usize| (0..=k).map(|i| a.powi(i as i32)).sum::<f64>();
         let speedup = |k: usize, round_ms: f64| tokens(k) * self.decode_ms / round_ms;
-        let sd_round = |k: usize| self.verify(k + 1) + k as f64 * self.draft_step_ms;
+        // AR's observed pace against the decode timed at load: whatever slowed it (other work on
+        // the machine, a longer context) slows every mode, so the arithmetic's figure for a mode
+        // not yet observed is scaled alike. Else an AR run during a burst of other work would
+        // make an untried mode look faster than it is.
+        let slow = self.observed(Mode::Ar, 1).map_or(1.0, |ms| ms / self.decode_ms);
+        let ar = 1.0 / slow;
+        let sd_round = |k: usize| (self.verify(k + 1) + k as f64 * self.draft_step_ms) * slow;
         let ssd_round = |k: usize, fanout: &Fanout| {
             let speculation = self.draft(k + 1)? + k as f64 * self.draft(fanout.max_branches(k))?;
-            Some(self.verify(k + 1).max(speculation) + (1.0 - SSD_HITS) * k as f64 * self.draft_step_ms)
+            Some((self.verify(k + 1).max(speculation) + (1.0 - SSD_HITS) * k as f64 * self.draft_step_ms) * slow)
         };
-        let ar = self.observed(Mode::Ar, 1).map_or(1.0, |ms| self.decode_ms / ms);
         let mut best = (Mode::Ar, 1, ar);
         let mut consider = |mode: Mode, k: usize, s: f64| {
             let bar = if best.0 == Mode::Ar { best.2 * MARGIN } else { best.2 };
@@ -279,5 +284,20 @@ mod tests {
         // Speculation not timed: SSD cannot be judged, so it is not chosen.
         let untimed = Costs { tree_step: None, ..costs(2.0, 3.0, true) };
         assert_ne!(untimed.choose(0.8, Some((4, &UNIFORM3))).mode(), Mode::Ssd);
+    }
+
+    #[test]
+    fn a_slowdown_seen_in_ar_weighs_on_untried_modes_alike() {
+        // A dear draft: AR at load. AR then observed at three times its timed decode (other work
+        // on the machine): SD, never observed, would look faster against it unscaled.
+        let mut c = costs(2.0, 8.0, false);
+        assert_eq!(c.choose(0.8, None).mode(), Mode::Ar);
+        c.observe(Mode::Ar, 1, 30.0);
+        let choice = c.choose(0.8, None);
+        assert_eq!(choice.mode(), Mode::Ar, "{choice:?}");
+        assert!((choice.expected_speedup - 1.0 / 3.0).abs() < 1e-9);
+        // An observed round is taken as it is: SD observed fast beats the slowed AR.
+        c.observe(Mode::Sd, 2, 20.0);
+        assert_eq!(c.choose(0.8, None).mode(), Mode::Sd);
     }
 }
