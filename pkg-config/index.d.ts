@@ -54,9 +54,9 @@ export interface Progress {
 export interface LoadOptions {
   /** Where the target runs. Default: 'gpu' when WebGPU has an adapter, else 'cpu' (with a warning). Node: 'cpu'. */
   backend?: Backend;
-  /** Where the draft runs. Default 'cpu': in its own Web Worker (with 'ssd' among the modes),
-   * SSD's speculation overlapping the target, SD drafting there too; the engine's worker then
-   * holds no copy of the draft. */
+  /** Where the draft runs. Default 'cpu'. With 'ssd' among the modes it runs in its own Web
+   * Worker ('gpu': on a GPUDevice that worker requests for itself), SSD's speculation overlapping
+   * the target, SD drafting there too; the engine's worker then holds no copy of the draft. */
   draftBackend?: Backend;
   onProgress?: (p: Progress) => void;
   /** Keep downloaded models in the browser's Cache API (default true). */
