@@ -120,11 +120,14 @@ try {
   // 4. A panic on the engine's thread (a draft worker that sends a sampled proposal without its
   //    distributions trips verification's assertion) still closes the engine worker, its compute
   //    threads with it: the generation and every later call reject with 'internal'.
+  // An earlier engine's draft worker may still be winding down (its compute threads ending): the
+  // liar is the draft worker this load started.
+  const before = new Set(page.workers());
   await page.evaluate(async (model) => {
     const { Saguaro } = await import('/pkg/index.js');
     window.spec = await Saguaro.load({ target: model, draft: model }, { backend: 'cpu', threads: 2, cache: false });
   }, model);
-  const liar = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
+  const liar = page.workers().find((w) => w.url().endsWith('/draft-worker.js') && !before.has(w));
   check(!!liar, 'the draft worker is found');
   await dropFirstQ(liar);
   const panicked = await page.evaluate(async (prompt) => {
