@@ -176,6 +176,45 @@ pub fn argmax_prob(logits: &[f32]) -> (u32, f32) {
     (t, 1.0 / total)
 }
 
+/// `ln Σ exp(x / temperature)` over the entries that are not NaN, with the max subtracted so
+/// nothing overflows, summed in f64 lanes: the full-vocabulary pass vectorises. -inf when every
+/// entry is -inf or NaN; +inf when one is +inf.
+pub fn log_sum_exp(xs: &[f32], temperature: f32) -> f32 {
+    let max = max_value(xs);
+    if !max.is_finite() {
+        return max;
+    }
+    let inv_t = 1.0 / temperature;
+    let mut acc = [0.0f64; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            acc[j] += exp_nonpos((c[j] - max) * inv_t) as f64;
+        }
+    }
+    let mut sum: f64 = acc.iter().sum();
+    for &x in rest {
+        sum += exp_nonpos((x - max) * inv_t) as f64;
+    }
+    (max as f64 * inv_t as f64 + sum.ln()) as f32
+}
+
+/// [`probs`] over a few candidate tokens, as if every other logit were -inf: `ids` with their
+/// logits `values`, ordered as [`top_n`] orders them (larger first, the lower id on ties), so
+/// that top-k and the nucleus break ties by token id as `probs` does over the whole vocabulary.
+/// Full vocabulary length, zeros outside the candidates.
+pub fn probs_among(ids: &[u32], values: &[f32], vocab: usize, p: &SamplingParams) -> Vec<f32> {
+    debug_assert_eq!(ids.len(), values.len());
+    let mut out = vec![0.0f32; vocab];
+    for (&id, q) in ids.iter().zip(probs(values, p)) {
+        if let Some(o) = out.get_mut(id as usize) {
+            *o = q;
+        }
+    }
+    out
+}
+
 /// The distribution sampling actually draws from: softmax(logits / T) restricted to the top-k
 /// logits, then to the top-p nucleus of what remains (the smallest set of highest-probability
 /// tokens whose mass is >= top_p, ties at the boundary going to the lower index), renormalised.
@@ -618,6 +657,47 @@ mod tests {
         assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 1);
         assert_eq!(argmax(&[-5.0, f32::NAN, -1.0]), 2);
         assert_eq!(argmax(&[]), 0);
+    }
+
+    #[test]
+    fn probs_among_candidates_is_probs_with_the_rest_at_minus_infinity() {
+        let mut rng = Rng::new(5);
+        for trial in 0..200 {
+            let vocab = 50 + trial % 7;
+            // Coarse logits, so that ties at the cuts are common.
+            let logits: Vec<f32> = (0..vocab).map(|_| (rng.uniform() * 12.0).floor() * 0.5).collect();
+            let n = 1 + trial % 20;
+            let ids = top_n(&logits, n, None);
+            let values: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+            let mut dense = vec![f32::NEG_INFINITY; vocab];
+            for &i in &ids {
+                dense[i as usize] = logits[i as usize];
+            }
+            let p = params([0.3, 0.8, 1.0, 2.0][trial % 4], [0, 1, 3, 8, 30][trial % 5], [1.0, 0.9, 0.5, 0.2][trial / 4 % 4]);
+            let got = probs_among(&ids, &values, vocab, &p);
+            assert_close(&got, &probs(&dense, &p), 1e-6);
+            assert_eq!(support(&got), support(&probs(&dense, &p)), "trial {trial}: the same tokens kept");
+        }
+    }
+
+    #[test]
+    fn log_sum_exp_matches_f64() {
+        let mut rng = Rng::new(6);
+        for (n, t) in [(1, 1.0), (7, 0.5), (1000, 0.8), (151_936, 1.3)] {
+            let mut xs: Vec<f32> = (0..n).map(|_| rng.uniform() * 40.0 - 20.0).collect();
+            if n > 7 {
+                xs[3] = f32::NAN;
+                xs[5] = f32::NEG_INFINITY;
+            }
+            let numbers = || xs.iter().filter(|v| !v.is_nan()).map(|&v| v as f64 / t as f64);
+            let max = numbers().fold(f64::NEG_INFINITY, f64::max);
+            let want = max + numbers().map(|v| (v - max).exp()).sum::<f64>().ln();
+            let got = log_sum_exp(&xs, t);
+            assert!((got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{n} at {t}: {got} against {want}");
+        }
+        assert_eq!(log_sum_exp(&[f32::NEG_INFINITY, f32::NAN], 1.0), f32::NEG_INFINITY);
+        assert_eq!(log_sum_exp(&[1.0, f32::INFINITY], 1.0), f32::INFINITY);
+        assert_eq!(log_sum_exp(&[], 1.0), f32::NEG_INFINITY);
     }
 
     #[test]

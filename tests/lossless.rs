@@ -413,6 +413,21 @@ fn sampling_with_a_pruned_draft_head_is_lossless() {
     assert_unbiased("ssd uniform:2 C=0.5, pruned draft head", &ssd, e);
 }
 
+/// A draft that samples among its 2 likeliest tokens, where the target's top-4 sampling keeps 4:
+/// its proposals never reach the target's third and fourth tokens, and verification must still
+/// give the target's distribution, with the distribution each token was drawn from.
+#[test]
+fn sampling_with_few_draft_candidates_is_lossless() {
+    let e = exact(top4_sampling());
+    let few = |fanout: &str, c: f32| SpecConfig { draft_candidates: 2, ..spec(K, fanout, c, Backup::Jit) };
+    let sd = sd_counts(top4_sampling(), &few("uniform:1", 1.0), SAMPLES);
+    assert_unbiased("sd, 2 draft candidates", &sd, e);
+    let (ssd, cache) = ssd_counts(top4_sampling(), &few("uniform:2", 0.5), SAMPLES);
+    let what = "ssd uniform:2 C=0.5, 2 draft candidates";
+    assert_multi_token_hits(what, &cache);
+    assert_unbiased(what, &ssd, e);
+}
+
 #[test]
 fn a_broken_verifier_is_detected() {
     let e = exact(top4_sampling());

@@ -534,7 +534,7 @@ fn attention_windowed_and_scaled<B: Backend>(b: &B, _: &Tol) {
 
 /// The largest entries of rows as long as a vocabulary (several passes of the GPU's chunks), with
 /// ties, NaN, -0 and -inf among them, against the host's selection: the same columns in the same
-/// order, the same values, the value at an asked-for column; the log-sum-exp against f64.
+/// order, the same values, the value at an asked-for column; the log-sum-exp against the host's.
 fn top_k<B: Backend>(b: &B, _: &Tol) {
     let mut rng = TestRng::new(70);
     for (rows, cols, k, temperature) in [(1, 7, 3, 1.0f32), (3, 5000, 66, 0.7), (2, 151_936, 512, 1.0), (5, 1024, 1, 1.3)] {

@@ -202,16 +202,7 @@ impl TopK {
         let k = k.min(cols);
         let ids: Vec<u32> = rows.iter().flat_map(|row| crate::sampling::top_n(row, k, None)).collect();
         let values = ids.iter().enumerate().map(|(i, &id)| rows[i / k.max(1)][id as usize]).collect();
-        let lse = rows
-            .iter()
-            .map(|row| {
-                let t = temperature as f64;
-                let numbers = || row.iter().filter(|v| !v.is_nan()).map(|&v| v as f64 / t);
-                let max = numbers().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = numbers().map(|v| (v - max).exp()).sum();
-                (max + sum.ln()) as f32
-            })
-            .collect();
+        let lse = rows.iter().map(|row| crate::sampling::log_sum_exp(row, temperature)).collect();
         let at = rows.iter().zip(at).map(|(row, &c)| row.get(c as usize).copied().unwrap_or(f32::NEG_INFINITY)).collect();
         TopK { k, ids, values, lse, at }
     }

@@ -29,7 +29,7 @@ pub use autoregressive::generate_ar;
 pub use choice::{Choice, Costs, DraftCosts};
 pub use model_drafter::ModelDrafter;
 pub use ngram::{NgramConfig, PromptLookup};
-pub use spec::{check_draft, Backup, Drafter, Fanout, Mode, SpecConfig, DEFAULT_CONFIDENCE};
+pub use spec::{check_draft, Backup, Drafter, Fanout, Mode, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES};
 pub use speculative::{generate_sd, generate_sd_with};
 pub use ssd::{generate_ssd, DraftHost, DraftWorker, WorkerDrafter};
 

@@ -5,7 +5,7 @@
 use futures::future::LocalBoxFuture;
 
 use super::spec::{DraftKv, Drafter, Drafting, Proposal};
-use super::{context_of, Request};
+use super::{context_of, Request, SpecConfig};
 use crate::error::Result;
 use crate::model::runner::Lm;
 use crate::sampling::{Rng, SamplingParams};
@@ -13,13 +13,16 @@ use crate::sampling::{Rng, SamplingParams};
 /// A draft model drafting autoregressively for SD.
 pub struct ModelDrafter<'a> {
     kv: DraftKv<&'a mut dyn Lm>,
-    /// See [`SpecConfig::confidence`](super::SpecConfig::confidence).
+    /// See [`SpecConfig::confidence`].
     confidence: f32,
+    /// See [`SpecConfig::draft_candidates`].
+    candidates: usize,
 }
 
 impl<'a> ModelDrafter<'a> {
-    pub fn new(lm: &'a mut dyn Lm, confidence: f32) -> Self {
-        ModelDrafter { kv: DraftKv::new(lm), confidence }
+    /// A drafter on `lm` under `spec` (its confidence and draft candidates concern drafting).
+    pub fn new(lm: &'a mut dyn Lm, spec: &SpecConfig) -> Self {
+        ModelDrafter { kv: DraftKv::new(lm), confidence: spec.confidence, candidates: spec.draft_candidates }
     }
 }
 
@@ -40,7 +43,7 @@ impl Drafter for ModelDrafter<'_> {
         rng: &'a mut Rng,
     ) -> LocalBoxFuture<'a, Result<Proposal>> {
         Box::pin(async move {
-            let mut drafting = Drafting { params, rng, saguaro: None };
+            let mut drafting = Drafting { params, rng, saguaro: None, candidates: self.candidates };
             self.kv.draft(rec, n, self.confidence, &mut drafting).await
         })
     }

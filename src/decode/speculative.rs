@@ -25,7 +25,7 @@ pub async fn generate_sd(
 ) -> Result<Generation> {
     check_draft(target.config(), draft.config())?;
     req.validate(draft, 0)?;
-    generate_sd_with(target, &mut ModelDrafter::new(draft, spec.confidence), req, spec, sink).await
+    generate_sd_with(target, &mut ModelDrafter::new(draft, spec), req, spec, sink).await
 }
 
 /// Speculative decoding of `req` on `target` with proposals of up to `spec.k` tokens from

@@ -99,6 +99,8 @@ pub enum Want {
     AllArgmax,
     /// Every row's [`TopK`], row r's value at token `at[r]` among them.
     AllTopK { k: usize, temperature: f32, at: Vec<u32> },
+    /// The last row's [`TopK`].
+    LastTopK { k: usize, temperature: f32 },
 }
 
 pub enum Output {
@@ -146,6 +148,7 @@ pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want) -> Result<Outpu
         Want::AllTopK { k, temperature, at } => {
             Output::TopK(lm.top_k(&batch, &(0..n).collect::<Vec<_>>(), k, temperature, &at).await?)
         }
+        Want::LastTopK { k, temperature } => Output::TopK(lm.top_k(&batch, &[n - 1], k, temperature, &[NO_SLOT]).await?),
     };
     lm.advance(tokens.len())?;
     Ok(out)

@@ -12,7 +12,7 @@ use web_time::Instant;
 
 use saguaro::backend::cpu::Precision;
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
-use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE};
+use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES};
 use saguaro::engine::{Device, Engine, EngineOptions, DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT};
 use saguaro::storage::quant::DType;
 use saguaro::model::slim::check_quant;
@@ -175,6 +175,11 @@ pub struct EngineArgs {
     /// the target's either way.
     #[arg(long, default_value_t = DEFAULT_CONFIDENCE, allow_negative_numbers = true)]
     pub draft_confidence: f32,
+    /// When sampling: the draft draws each token among its N likeliest (1-512), so only their ids
+    /// and logits leave its backend, not a row over the whole vocabulary. The output is the
+    /// target's either way; more candidates keep more of the draft's tail for acceptance.
+    #[arg(long, default_value_t = DEFAULT_DRAFT_CANDIDATES, value_name = "N")]
+    pub draft_candidates: usize,
     /// SSD on a cache miss: jit (draft K tokens now) or fast (verify the bonus token alone).
     #[arg(long, default_value = "jit")]
     pub backup: Backup,
@@ -240,6 +245,7 @@ impl EngineArgs {
     pub fn spec(&self) -> SpecConfig {
         SpecConfig {
             confidence: self.draft_confidence,
+            draft_candidates: self.draft_candidates,
             ..SpecConfig::new(self.spec_k.unwrap_or(4), self.fanout.clone(), self.saguaro_c, self.backup)
         }
     }

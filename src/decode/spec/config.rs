@@ -5,6 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::tree::Tree;
+use crate::backend::MAX_TOP_K;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 
@@ -13,6 +14,9 @@ pub const DEFAULT_WIDTH: usize = 3;
 
 /// Off: SD's draft model drafts all K tokens of every round (see [`SpecConfig::confidence`]).
 pub const DEFAULT_CONFIDENCE: f32 = 0.0;
+
+/// How many of its likeliest tokens the draft samples among (see [`SpecConfig::draft_candidates`]).
+pub const DEFAULT_DRAFT_CANDIDATES: usize = 64;
 
 /// The decoding strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +186,11 @@ pub struct SpecConfig {
     /// would likely be rejected, its verification and the draft steps after it spent for
     /// nothing. Output is unchanged: the target verifies whatever is proposed.
     pub confidence: f32,
+    /// When sampling: the draft draws each token among its this many likeliest tokens, so only
+    /// their ids and logits leave its backend, not a row over the whole vocabulary. Fewer read
+    /// back less; more keep the draft's tail mass, which the target may accept. Output is
+    /// unchanged: verification uses the distribution each token was drawn from.
+    pub draft_candidates: usize,
     #[doc(hidden)]
     pub fault: Option<Fault>,
 }
@@ -194,7 +203,15 @@ impl Default for SpecConfig {
 
 impl SpecConfig {
     pub fn new(k: usize, fanout: Fanout, saguaro_c: f32, backup: Backup) -> Self {
-        SpecConfig { k, fanout, saguaro_c, backup, confidence: DEFAULT_CONFIDENCE, fault: None }
+        SpecConfig {
+            k,
+            fanout,
+            saguaro_c,
+            backup,
+            confidence: DEFAULT_CONFIDENCE,
+            draft_candidates: DEFAULT_DRAFT_CANDIDATES,
+            fault: None,
+        }
     }
 
     /// KV slots the draft needs beyond prompt + output for SSD's glue pass and tree: size the
@@ -214,6 +231,10 @@ impl SpecConfig {
         let p = self.confidence;
         if !(0.0..1.0).contains(&p) {
             return Err(Error::option("draft_confidence", format!("must be in [0, 1) (0 disables it), got {p}")));
+        }
+        let n = self.draft_candidates;
+        if !(1..=MAX_TOP_K).contains(&n) {
+            return Err(Error::option("draft_candidates", format!("must be in 1..={MAX_TOP_K}, got {n}")));
         }
         self.fanout.validate()
     }
@@ -259,6 +280,8 @@ mod tests {
         assert!(bad(|c| c.confidence = -0.1));
         assert!(bad(|c| c.confidence = f32::NAN));
         assert!(bad(|c| c.fanout = Fanout::Uniform(0)));
+        assert!(bad(|c| c.draft_candidates = 0));
+        assert!(bad(|c| c.draft_candidates = MAX_TOP_K + 1));
     }
 
     #[test]

@@ -45,7 +45,13 @@ pub trait Drafter {
     }
 }
 
-/// Turns draft logits into draft tokens when sampling.
+/// Turns the draft's likeliest tokens into draft tokens when sampling.
+///
+/// The draft samples among its `candidates` likeliest tokens only: that many ids and logits per
+/// row leave its backend instead of the whole vocabulary's logits (on a GPU, 64 x 8 bytes for a
+/// row of 151,936 x 4). Verification is exact for any draft distribution, provided it is given
+/// the one the token was drawn from, so this costs only the acceptance of the draft's tail mass
+/// beyond its top `candidates`, never the output's distribution.
 pub(crate) struct Drafting<'a> {
     pub params: &'a SamplingParams,
     pub rng: &'a mut Rng,
@@ -53,12 +59,27 @@ pub(crate) struct Drafting<'a> {
     /// fan-out takes for the outcome k = j. The draft scales that many of its top tokens, plus
     /// one for the token it is about to draft, which the fan-out will exclude.
     pub saguaro: Option<(f32, &'a [usize])>,
+    /// How many of its likeliest tokens the draft samples among ([`SpecConfig::draft_candidates`]).
+    ///
+    /// [`SpecConfig::draft_candidates`]: super::SpecConfig::draft_candidates
+    pub candidates: usize,
 }
 
 impl Drafting<'_> {
-    /// The draft token at position `j` and the distribution it was drawn from.
-    pub fn draw(&mut self, j: usize, logits: &[f32]) -> (u32, Vec<f32>) {
-        let mut q = sampling::probs(logits, self.params);
+    /// How many of a row's likeliest tokens [`Drafting::draw`] needs: no more than the sampling's
+    /// own top-k keeps.
+    pub fn width(&self) -> usize {
+        match self.params.top_k {
+            0 => self.candidates,
+            k => k.min(self.candidates),
+        }
+    }
+
+    /// The draft token at position `j`, drawn among a row's likeliest tokens `ids` (ordered as
+    /// [`TopK`](crate::backend::TopK) orders them) with their logits `values`, and the
+    /// distribution over the `vocab` tokens it was drawn from.
+    pub fn draw(&mut self, j: usize, ids: &[u32], values: &[f32], vocab: usize) -> (u32, Vec<f32>) {
+        let mut q = sampling::probs_among(ids, values, vocab, self.params);
         if let Some((c, widths)) = self.saguaro {
             if c < 1.0 {
                 let n = widths.get(j).copied().unwrap_or(0) + 1;

@@ -127,7 +127,10 @@ impl<M: DraftLm> DraftKv<M> {
             } else if greedy {
                 sampling::argmax_prob(&self.feed(Want::LastLogits).await?.logits())
             } else {
-                let (t, q) = drafting.draw(j, &self.feed(Want::LastLogits).await?.logits());
+                let want = Want::LastTopK { k: drafting.width(), temperature: drafting.params.temperature };
+                let top = self.feed(want).await?.top_k();
+                let (ids, values) = top.row(0);
+                let (t, q) = drafting.draw(j, ids, values, self.lm.get_mut().config().vocab_size);
                 let top = q.iter().copied().fold(0.0, f32::max);
                 p.q.push(q);
                 (t, top)
@@ -273,7 +276,7 @@ mod tests {
     fn draft(kv: &mut DraftKv<&mut dyn Lm>, rec: u32, n: usize) -> Vec<u32> {
         let params = SamplingParams::default();
         let mut rng = Rng::new(0);
-        let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None };
+        let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None, candidates: 64 };
         block_on(kv.draft(rec, n, 0.0, &mut drafting)).unwrap().tokens
     }
 
@@ -317,7 +320,7 @@ mod tests {
         assert_eq!(glue.row(0).0[0], 9, "the recorder predicts 9");
         let params = SamplingParams::default();
         let mut rng = Rng::new(0);
-        let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None };
+        let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None, candidates: 64 };
         let (branches, spans) = block_on(kv.tree(&[(0, 6), (2, 7)], 2, &mut drafting, &|| false)).unwrap();
         assert_eq!((branches.len(), spans.len()), (2, 2));
         assert_eq!(kv.model().len(), 5, "the tree commits nothing");

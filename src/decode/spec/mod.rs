@@ -20,7 +20,9 @@ mod tally;
 mod tree;
 mod verify;
 
-pub use config::{check_draft, Backup, Fanout, Fault, Mode, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_WIDTH};
+pub use config::{
+    check_draft, Backup, Fanout, Fault, Mode, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES, DEFAULT_WIDTH,
+};
 pub(crate) use drafter::{draft_rng, Drafting};
 pub use drafter::{Drafter, Proposal};
 pub(crate) use kv::{DraftKv, DraftLm};

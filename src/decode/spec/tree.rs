@@ -10,7 +10,7 @@
 //! [0, base + k + 1) plus its own tree slots of steps 0..=j.
 
 use super::drafter::{Drafting, Proposal};
-use crate::backend::{Batch, Mask};
+use crate::backend::{Batch, Mask, NO_SLOT};
 use crate::error::Result;
 use crate::model::runner::Lm;
 use crate::runtime::Span;
@@ -82,6 +82,7 @@ impl Tree {
         let width = self.width();
         let vocab = lm.config().vocab_size;
         let rows: Vec<u32> = (0..width as u32).collect();
+        let none = vec![NO_SLOT; width];
         let mut branches = vec![Proposal::default(); width];
         let mut inputs: Vec<u32> = self.branches.iter().map(|&(_, t)| t).collect();
         let mut spans = Vec::with_capacity(depth);
@@ -94,9 +95,10 @@ impl Tree {
             if drafting.params.is_greedy() {
                 inputs = lm.argmax(&batch, &rows).await?;
             } else {
-                let logits = lm.logits(&batch, &rows).await?;
-                for (b, row) in logits.chunks_exact(vocab).enumerate() {
-                    let (t, q) = drafting.draw(step, row);
+                let top = lm.top_k(&batch, &rows, drafting.width(), drafting.params.temperature, &none).await?;
+                for b in 0..width {
+                    let (ids, values) = top.row(b);
+                    let (t, q) = drafting.draw(step, ids, values, vocab);
                     inputs[b] = t;
                     branches[b].q.push(q);
                 }
@@ -113,7 +115,6 @@ impl Tree {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::NO_SLOT;
 
     #[test]
     fn tree_mask_attends_to_prefix_glue_and_own_branch() {

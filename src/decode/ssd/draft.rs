@@ -46,7 +46,7 @@ pub enum Job {
     Speculate { tokens: Vec<u32>, depth: usize },
     /// A new SD generation, drafting as SD's model drafter does (stopping where the draft's
     /// likeliest token has less than `confidence` probability): prefill the prompt.
-    StartSd { req: Request, confidence: f32 },
+    StartSd { req: Request, confidence: f32, candidates: usize },
     /// SD: the target accepted `accepted` tokens of the last draft (none before the first round);
     /// draft up to `n` tokens after `rec`.
     Draft { accepted: Option<usize>, rec: u32, n: usize },
@@ -227,6 +227,7 @@ struct SdSession {
     params: SamplingParams,
     rng: Rng,
     confidence: f32,
+    candidates: usize,
     /// How many tokens the last draft proposed, until its outcome arrives (none before the first
     /// round).
     proposed: Option<usize>,
@@ -241,6 +242,14 @@ struct Session {
     policy: FanoutPolicy,
     /// The speculation over the round being verified, until its outcome arrives.
     round: Option<Round>,
+}
+
+impl Session {
+    /// How the draft draws its tokens, with Saguaro sampling over the fan-out's `widths`.
+    fn drafting<'a>(&'a mut self, widths: &'a [usize]) -> Drafting<'a> {
+        let saguaro = Some((self.spec.saguaro_c, widths));
+        Drafting { params: &self.params, rng: &mut self.rng, saguaro, candidates: self.spec.draft_candidates }
+    }
 }
 
 struct Round {
@@ -273,7 +282,7 @@ impl<M: DraftLm + 'static> Service for Speculator<M> {
                 Job::Start { req, spec } => self.start(req, spec).await,
                 Job::Propose { outcome, rec, depth } => self.propose(outcome, rec, depth).await,
                 Job::Speculate { tokens, depth } => self.speculate(tokens, depth).await,
-                Job::StartSd { req, confidence } => self.start_sd(req, confidence).await,
+                Job::StartSd { req, confidence, candidates } => self.start_sd(req, confidence, candidates).await,
                 Job::Draft { accepted, rec, n } => self.draft(accepted, rec, n).await,
                 Job::Measure { tree_rows } => self.measure(tree_rows).await,
             }?;
@@ -361,8 +370,7 @@ impl<M: DraftLm> Speculator<M> {
             Backup::Fast => (Proposal::default(), None),
             Backup::Jit => {
                 let widths = s.policy.widths(depth);
-                let mut drafting =
-                    Drafting { params: &s.params, rng: &mut s.rng, saguaro: Some((s.spec.saguaro_c, &widths)) };
+                let mut drafting = s.drafting(&widths);
                 let (p, span) = timed(self.kv.draft(rec, depth, 0.0, &mut drafting)).await?;
                 // This round's glue pass rewrites these slots.
                 self.kv.discard();
@@ -382,10 +390,10 @@ impl<M: DraftLm> Speculator<M> {
         let drafted = tokens[1..].to_vec();
         let branches = s.policy.candidates(&glue, &drafted, &s.params);
         let widths = s.policy.widths(depth);
-        let mut drafting = Drafting { params: &s.params, rng: &mut s.rng, saguaro: Some((s.spec.saguaro_c, &widths)) };
         // Both the target's end of the generation and a cancel cut the tree short.
-        let abandon = &self.abandon;
-        let stop = || abandon.load(Ordering::Relaxed) || s.cancel.is_cancelled();
+        let (abandon, cancel) = (&self.abandon, s.cancel.clone());
+        let stop = || abandon.load(Ordering::Relaxed) || cancel.is_cancelled();
+        let mut drafting = s.drafting(&widths);
         let (speculated, spans) = self.kv.tree(&branches, depth, &mut drafting, &stop).await?;
         s.round = Some(Round { drafted, glue, cache: SpecCache::new(&branches, speculated) });
         Ok(Reply::Speculated { glue: glue_span, tree: spans })
@@ -393,13 +401,13 @@ impl<M: DraftLm> Speculator<M> {
 
     /// A new SD generation: the prompt's prefill, and the draft's random stream seeded as SD
     /// seeds its own drafter's, so that the proposals are the ones it would make.
-    async fn start_sd(&mut self, req: Request, confidence: f32) -> Result<Reply> {
+    async fn start_sd(&mut self, req: Request, confidence: f32, candidates: usize) -> Result<Reply> {
         self.session = None;
         self.sd = None;
         req.validate(self.kv.model(), 0)?;
         self.kv.prefill(&req.prompt).await?;
         let rng = draft_rng(req.sampling.seed);
-        self.sd = Some(SdSession { params: req.sampling, rng, confidence, proposed: None });
+        self.sd = Some(SdSession { params: req.sampling, rng, confidence, candidates, proposed: None });
         Ok(Reply::Started)
     }
 
@@ -414,7 +422,7 @@ impl<M: DraftLm> Speculator<M> {
                 return Err(Error::Worker(format!("an SD outcome accepting {accepted:?} of {proposed:?} draft tokens")))
             }
         }
-        let mut drafting = Drafting { params: &s.params, rng: &mut s.rng, saguaro: None };
+        let mut drafting = Drafting { params: &s.params, rng: &mut s.rng, saguaro: None, candidates: s.candidates };
         let (proposal, span) = timed(self.kv.draft(rec, n, s.confidence, &mut drafting)).await?;
         s.proposed = Some(proposal.tokens.len());
         Ok(Reply::Drafted { proposal, span })
@@ -438,6 +446,7 @@ pub struct WorkerDrafter<'a> {
     worker: &'a mut DraftWorker,
     req: &'a Request,
     confidence: f32,
+    candidates: usize,
     /// How many tokens the target accepted of the last proposal: sent with the next round's job.
     accepted: Option<usize>,
     /// Milliseconds the worker spent drafting in this generation.
@@ -445,9 +454,10 @@ pub struct WorkerDrafter<'a> {
 }
 
 impl<'a> WorkerDrafter<'a> {
-    /// A drafter for `req` under `spec` (only its confidence concerns SD's drafting).
+    /// A drafter for `req` under `spec` (its confidence and draft candidates concern SD's drafting).
     pub fn new(worker: &'a mut DraftWorker, req: &'a Request, spec: &SpecConfig) -> Self {
-        WorkerDrafter { worker, req, confidence: spec.confidence, accepted: None, busy_ms: 0.0 }
+        let (confidence, candidates) = (spec.confidence, spec.draft_candidates);
+        WorkerDrafter { worker, req, confidence, candidates, accepted: None, busy_ms: 0.0 }
     }
 }
 
@@ -463,7 +473,7 @@ impl Drafter for WorkerDrafter<'_> {
             self.accepted = None;
             self.busy_ms = 0.0;
             let req = Request { prompt: prompt.to_vec(), ..self.req.clone() };
-            self.worker.send(Job::StartSd { req, confidence: self.confidence })?;
+            self.worker.send(Job::StartSd { req, confidence: self.confidence, candidates: self.candidates })?;
             match self.worker.recv().await? {
                 Reply::Started => Ok(()),
                 _ => Err(out_of_step()),
