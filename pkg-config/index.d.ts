@@ -197,6 +197,10 @@ export interface EngineInfo {
   /** 'server' for a server target. */
   backend: Backend | 'server';
   draftBackend: Backend | null;
+  /** Where the draft model computes, as its backend names itself, e.g. 'gpu (BrowserWebGpu)' (a
+   * browser may withhold the adapter's name) or 'cpu (1 threads, simd128)'; null without a draft
+   * model. */
+  draftDevice: string | null;
   /** Whether the draft runs in its own Web Worker (serving SSD, and SD with it). */
   draftWorker: boolean;
   hasDraft: boolean;

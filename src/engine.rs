@@ -512,6 +512,12 @@ impl Engine {
         self.target.backend_name()
     }
 
+    /// Where the engine's own draft model runs, in words; `None` where it holds none (no draft,
+    /// prompt lookup, or a draft held by a worker elsewhere, which reports its own).
+    pub fn draft_backend(&self) -> Option<String> {
+        self.sd_draft.as_ref().map(|d| d.backend_name())
+    }
+
     /// Whether a draft other than the target was given (a model or prompt lookup).
     pub fn has_draft(&self) -> bool {
         self.separate_draft || self.lookup.is_some()

@@ -86,7 +86,7 @@ async function load() {
     demo.loadMs = performance.now() - t0;
     const i = demo.engine.info;
     setStatus(`Loaded in ${(demo.loadMs / 1000).toFixed(1)} s: target on ${i.targetBackend}` +
-      (i.hasDraft ? `, draft on ${i.draftBackend === 'gpu' ? 'WebGPU' : 'the CPU'}${i.draftWorker ? ' in its own worker' : ''}` : ', no draft (AR only)'));
+      (i.draftDevice ? `, draft on ${i.draftDevice}${i.draftWorker ? ' in its own worker' : ''}` : ', no draft (AR only)'));
     $('race').disabled = false;
   } catch (e) {
     demo.error = { code: e.code, message: e.message };

@@ -204,6 +204,8 @@ pub struct WasmEngine {
     engine: Held<Engine>,
     /// The SSD draft's worker, once one is attached.
     draft: RefCell<Option<channel::DraftLink>>,
+    /// Where that worker's draft computes, in words (its backend's name).
+    draft_device: RefCell<Option<String>>,
 }
 
 #[wasm_bindgen]
@@ -222,7 +224,7 @@ impl WasmEngine {
             })
             .await
             .map_err(|e| js_error(&e))?;
-            Ok(WasmEngine { engine: Held::new(engine), draft: RefCell::new(None) }.into())
+            Ok(WasmEngine { engine: Held::new(engine), draft: RefCell::new(None), draft_device: RefCell::new(None) }.into())
         })
     }
 
@@ -241,7 +243,7 @@ impl WasmEngine {
                 .await
                 .map_err(|e| js_error(&e))?;
             let engine = Engine::with_remote_target(target, draft, &engine_opts).await.map_err(|e| js_error(&e))?;
-            Ok(WasmEngine { engine: Held::new(engine), draft: RefCell::new(None) }.into())
+            Ok(WasmEngine { engine: Held::new(engine), draft: RefCell::new(None), draft_device: RefCell::new(None) }.into())
         })
     }
 
@@ -267,16 +269,17 @@ impl WasmEngine {
     pub fn attach_draft(&self, port: MessagePort, info: JsValue, sd: bool) -> Promise {
         let engine = self.engine.clone();
         let parsed = options::parse::<options::DraftInfo>(info).and_then(|info| match info.config {
-            Some(config) => Ok((config, info.vocab, info.backend)),
+            Some(config) => Ok((config, info.vocab, info.backend, info.device)),
             None => Err(js_error_with("invalid_argument", "attachDraft: the draft's info has no config")),
         });
-        let (config, vocab, backend) = match parsed {
+        let (config, vocab, backend, device) = match parsed {
             Ok(p) => p,
             Err(e) => return Promise::reject(&e),
         };
         let (channel, link) = channel::PortChannel::new(port);
         // Reachable at once: an abort or a lost worker during the timing reaches it.
         *self.draft.borrow_mut() = Some(link);
+        *self.draft_device.borrow_mut() = device;
         future_to_promise(async move {
             let worker = DraftWorker::remote(Box::new(channel), config);
             let mut held = engine.take()?;
@@ -304,12 +307,14 @@ impl WasmEngine {
         }
     }
 
-    /// What was loaded: {targetBackend, hasDraft, defaultMode, vocabSize, contextLength}.
+    /// What was loaded: {targetBackend, draftDevice, hasDraft, defaultMode, vocabSize, contextLength}.
     pub fn info(&self) -> Result<JsValue, JsValue> {
+        let attached = self.draft_device.borrow().clone();
         let info = self.engine.with(|engine| {
             let c = engine.target_config();
             options::EngineInfo {
                 target_backend: engine.target_backend(),
+                draft_device: engine.draft_backend().or(attached),
                 threads: crate::backend::cpu::pool::shared_threads(),
                 has_draft: engine.has_draft(),
                 default_mode: engine.default_mode().to_string(),
@@ -362,6 +367,8 @@ pub struct WasmDraft {
     vocab: String,
     /// Where the draft computes: "cpu" or "gpu".
     backend: String,
+    /// The same in words: its backend's name.
+    device: String,
 }
 
 #[wasm_bindgen]
@@ -376,11 +383,12 @@ impl WasmDraft {
             let capacity = Engine::capacity(&file.weights.config, &engine_opts);
             let lm = engine_opts.draft.runner(&file.weights, capacity).await.map_err(|e| js_error(&e))?;
             let vocab = file.tokenizer.vocab_fingerprint();
+            let device = lm.backend_name();
             let backend = if matches!(engine_opts.draft, Device::Gpu { .. }) { "gpu" } else { "cpu" }.to_string();
             // Turns of the event loop between forwards let an interrupt arrive mid-tree.
             let host = DraftHost::new(Box::new(channel::yielding(lm)));
             let abandon = host.abandon_flag();
-            Ok(WasmDraft { host: Held::new(host), abandon, vocab, backend }.into())
+            Ok(WasmDraft { host: Held::new(host), abandon, vocab, backend, device }.into())
         })
     }
 
@@ -390,11 +398,12 @@ impl WasmDraft {
         self.abandon.store(true, Ordering::Relaxed);
     }
 
-    /// {config, vocab, backend}: what the engine checks before it accepts this draft.
+    /// {config, vocab, backend, device}: what the engine checks before it accepts this draft,
+    /// and where it computes.
     pub fn info(&self) -> Result<JsValue, JsValue> {
         let config = self.host.with(|h| h.config().clone())?;
-        let backend = Some(self.backend.clone());
-        to_js(&options::DraftInfo { config: Some(config), vocab: self.vocab.clone(), backend })
+        let (backend, device) = (Some(self.backend.clone()), Some(self.device.clone()));
+        to_js(&options::DraftInfo { config: Some(config), vocab: self.vocab.clone(), backend, device })
     }
 
     /// Answer one job from the engine: resolves to {reply, q} (see [`channel::encode_reply`]);

@@ -217,12 +217,17 @@ pub struct DraftInfo {
     /// Where it computes: "cpu" (the default) or "gpu".
     #[serde(default)]
     pub backend: Option<String>,
+    /// Its backend's name, e.g. "gpu (SwiftShader …)".
+    #[serde(default)]
+    pub device: Option<String>,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EngineInfo {
     pub target_backend: String,
+    /// The draft model's backend, wherever it is held; `None` without one (or with prompt lookup).
+    pub draft_device: Option<String>,
     /// Threads of the compute pool in this instance (1 in the single-thread builds).
     pub threads: usize,
     pub has_draft: bool,

@@ -51,7 +51,8 @@ try {
       await e.dispose();
       return out;
     }, [dir, prompts, backend, n]);
-    check(r.info.backend === backend && r.info.draftBackend === 'gpu' && r.info.draftWorker,
+    // draftDevice is the name the draft worker's backend gives itself, not the option echoed.
+    check(r.info.backend === backend && r.info.draftWorker && /^gpu \(/.test(r.info.draftDevice ?? ''),
       `target on ${backend}, the draft on WebGPU in its own worker (${JSON.stringify(r.info)})`);
     r.greedy.forEach((run, i) => {
       console.log(`metrics: target ${backend}, prompt ${i}: AR ${run.ar.tps.toFixed(1)} tok/s, SD ${run.sd.tps.toFixed(1)}, ` +

@@ -101,7 +101,7 @@ try {
   await page.goto(`http://127.0.0.1:${port}/www/?${q}`);
   await page.waitForFunction(() => window.demo?.engine || window.demo?.error, null, { timeout });
   const info = await page.evaluate(() => window.demo.error ?? window.demo.engine.info);
-  check(info.backend === 'cpu' && info.draftWorker, `CPU target, draft in its own worker (${JSON.stringify(info)})`);
+  check(info.backend === 'cpu' && info.draftWorker && /^cpu \(/.test(info.draftDevice ?? ''), `CPU target, draft in its own worker on the CPU (${JSON.stringify(info)})`);
   const draftWorker = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
   check(!!draftWorker, 'the draft worker is found');
   await watchReplies(draftWorker);
