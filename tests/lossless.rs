@@ -253,10 +253,20 @@ fn truncated_sampling() -> SamplingParams {
 /// sequences with uniform:2 at C = 1, 2,976 with top-p:0.9, 21,139 with geometric at C = 0.5).
 const MULTI_TOKEN_HITS_PER: u64 = 20;
 
+/// No top-k: the target's rows leave its backend whole (with a top-k they come as that top-k).
+fn nucleus_sampling() -> SamplingParams {
+    SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.6, seed: 0 }
+}
+
 fn exact(params: SamplingParams) -> &'static Exact {
     static TOP4: OnceLock<Exact> = OnceLock::new();
     static TRUNCATED: OnceLock<Exact> = OnceLock::new();
-    let cell = if params == top4_sampling() { &TOP4 } else { &TRUNCATED };
+    static NUCLEUS: OnceLock<Exact> = OnceLock::new();
+    let cell = match params {
+        p if p == top4_sampling() => &TOP4,
+        p if p == nucleus_sampling() => &NUCLEUS,
+        _ => &TRUNCATED,
+    };
     cell.get_or_init(|| Exact::of(&tiny().target, &params))
 }
 
@@ -339,8 +349,10 @@ fn a_two_percent_bias_is_detected() {
 #[test]
 fn sampling_ar_matches_the_exact_distribution() {
     let mut t = runner(&tiny().target, TINY_CAPACITY);
-    let counts = Counts::of(SAMPLES, |seed| ar(&mut t, &seeded(top4_sampling(), seed)).tokens);
-    assert_unbiased("ar", &counts, exact(top4_sampling()));
+    for (what, params) in [("ar", top4_sampling()), ("ar top-p, whole rows", nucleus_sampling())] {
+        let counts = Counts::of(SAMPLES, |seed| ar(&mut t, &seeded(params, seed)).tokens);
+        assert_unbiased(what, &counts, exact(params));
+    }
 }
 
 #[test]
@@ -356,6 +368,8 @@ fn sampling_sd_is_lossless() {
         &sd_counts(params, &spec(3, "uniform:1", 1.0, Backup::Jit), SAMPLES),
         exact(params),
     );
+    let params = nucleus_sampling();
+    assert_unbiased("sd top-p, whole rows", &sd_counts(params, &spec(K, "uniform:1", 1.0, Backup::Jit), SAMPLES), exact(params));
     // Stopping where the draft is unsure (the token drawn there dropped) must not bias either.
     let unsure = SpecConfig { confidence: 0.6, ..spec(K, "uniform:1", 1.0, Backup::Jit) };
     assert_unbiased("sd, confidence stop", &sd_counts(top4_sampling(), &unsure, SAMPLES), exact(top4_sampling()));

@@ -2,6 +2,7 @@
 //! strategy must reproduce exactly (greedy) or in distribution (sampling).
 
 use super::session::prefill;
+use super::target_rows::Rows;
 use super::{Generation, Request, Sink};
 use crate::error::Result;
 use crate::model::runner::{append, Lm, Want};
@@ -15,7 +16,8 @@ pub async fn generate_ar(target: &mut dyn Lm, req: &Request, sink: Sink<'_>) -> 
         next = if req.sampling.is_greedy() {
             append(target, &[next], Want::AllArgmax).await?.argmax()[0]
         } else {
-            pick(&append(target, &[next], Want::LastLogits).await?.logits(), req, &mut run.rng)
+            let rows = Rows::from_output(append(target, &[next], Rows::want_last(&req.sampling)).await?);
+            sampling::sample(&rows.probs(0, target.config().vocab_size, &req.sampling), &mut run.rng)
         };
         run.stats.rounds += 1;
         run.out.push(&[next]);

@@ -11,6 +11,7 @@ pub mod choice;
 pub mod model_drafter;
 pub mod ngram;
 mod session;
+mod target_rows;
 pub mod spec;
 pub mod speculative;
 pub mod ssd;

@@ -10,6 +10,7 @@
 use super::config::Fault;
 use super::drafter::Proposal;
 use crate::backend::Batch;
+use crate::decode::target_rows::Rows;
 use crate::error::Result;
 use crate::model::runner::Lm;
 use crate::sampling::{self, Rng, SamplingParams};
@@ -53,9 +54,8 @@ pub(crate) async fn verify(
         // Pairing tokens with distributions below would silently pass a token that lacks its q.
         assert_eq!(proposal.q.len(), n, "every sampled draft token must come with the q it was drawn from");
         let vocab = target.config().vocab_size;
-        let logits = target.logits(&batch, &rows).await?;
-        let p = |i: usize| sampling::probs(&logits[i * vocab..(i + 1) * vocab], params);
-        judge_sampled(proposal, p, rng, fault)
+        let p_rows = Rows::of(target, &batch, &rows, params).await?;
+        judge_sampled(proposal, |i| p_rows.probs(i, vocab, params), rng, fault)
     };
     target.advance(outcome.accepted + 1)?;
     Ok(outcome)
