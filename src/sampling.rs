@@ -164,18 +164,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
     0
 }
 
-/// The greedy token and its probability under softmax(logits): how sure a model is of its pick.
-/// NaN logits weigh nothing; an infinite top logit counts as certain; an empty slice gives (0, 0).
-pub fn argmax_prob(logits: &[f32]) -> (u32, f32) {
-    let t = argmax(logits);
-    let max = max_value(logits);
-    if logits.is_empty() || !max.is_finite() {
-        return (t, if max == f32::INFINITY { 1.0 } else { 0.0 });
-    }
-    let total: f32 = logits.iter().map(|&l| if l.is_nan() { 0.0 } else { exp_nonpos(l - max) }).sum();
-    (t, 1.0 / total)
-}
-
 /// `ln Σ exp(x / temperature)` over the entries that are not NaN, with the max subtracted so
 /// nothing overflows, summed in f64 lanes: the full-vocabulary pass vectorises. -inf when every
 /// entry is -inf or NaN; +inf when one is +inf.
@@ -698,16 +686,6 @@ mod tests {
         assert_eq!(log_sum_exp(&[f32::NEG_INFINITY, f32::NAN], 1.0), f32::NEG_INFINITY);
         assert_eq!(log_sum_exp(&[1.0, f32::INFINITY], 1.0), f32::INFINITY);
         assert_eq!(log_sum_exp(&[], 1.0), f32::NEG_INFINITY);
-    }
-
-    #[test]
-    fn argmax_prob_is_the_softmax_of_the_pick() {
-        let (t, p) = argmax_prob(&[0.0, 2.0_f32.ln(), f32::NAN, 0.0]);
-        assert_eq!(t, 1);
-        assert!((p - 0.5).abs() < 1e-6, "{p}");
-        assert_eq!(argmax_prob(&[3.0]), (0, 1.0));
-        assert_eq!(argmax_prob(&[1.0, f32::INFINITY]), (1, 1.0));
-        assert_eq!(argmax_prob(&[]), (0, 0.0));
     }
 
     #[test]

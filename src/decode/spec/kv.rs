@@ -32,7 +32,6 @@ use crate::decode::choice::DraftCosts;
 use crate::error::{Error, Result};
 use crate::model::runner::{append, Lm, Output, Want};
 use crate::runtime::Span;
-use crate::sampling;
 
 /// A draft model however it is held: borrowed by SD, owned by SSD's worker (and `Send` when the
 /// worker is a thread).
@@ -125,7 +124,12 @@ impl<M: DraftLm> DraftKv<M> {
             let (t, prob) = if greedy && confidence <= 0.0 {
                 (*self.feed(Want::AllArgmax).await?.argmax().last().expect("a non-empty input"), 1.0)
             } else if greedy {
-                sampling::argmax_prob(&self.feed(Want::LastLogits).await?.logits())
+                // The greedy token and its softmax probability, from the row's top entry and
+                // log-sum-exp: the row itself stays on the backend.
+                let top = self.feed(Want::LastTopK { k: 1, temperature: 1.0 }).await?.top_k();
+                let (t, v) = (top.ids[0], top.values[0]);
+                // An infinite top logit is certain; a row of NaN gives 0, which stops drafting.
+                (t, if v == f32::INFINITY { 1.0 } else { (v - top.lse[0]).exp().max(0.0) })
             } else {
                 let want = Want::LastTopK { k: drafting.width(), temperature: drafting.params.temperature };
                 let top = self.feed(want).await?.top_k();
@@ -305,6 +309,23 @@ mod tests {
             vec![(3, vec![4]), (4, vec![9]), (5, vec![9]), (6, vec![9, 5]), (8, vec![9])],
             "each run writes causally from the prefix, unfed tokens first"
         );
+    }
+
+    #[test]
+    fn a_greedy_draft_stops_where_its_pick_is_unsure() {
+        // The recorder's logits: 1 for token 9, 0 for the other 15, so its pick has probability
+        // e / (e + 15) = 0.153.
+        let drafted = |confidence: f32| {
+            let mut lm = recorder();
+            let mut kv = DraftKv::new(&mut lm as &mut dyn Lm);
+            block_on(kv.prefill(&[1, 2])).unwrap();
+            let params = SamplingParams::default();
+            let mut rng = Rng::new(0);
+            let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None, candidates: 64 };
+            block_on(kv.draft(3, 4, confidence, &mut drafting)).unwrap().tokens
+        };
+        assert_eq!(drafted(0.15), vec![9; 4]);
+        assert_eq!(drafted(0.16), Vec::<u32>::new());
     }
 
     #[test]
