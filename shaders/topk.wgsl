@@ -5,8 +5,8 @@
 // ranking higher). The k entries from that threshold up are gathered, sorted (bitonic, in
 // workgroup memory) and written. Each pass reads the row once, where sorting it in chunks did
 // some 30 compare-and-swaps per entry. Keys order like the values (NaN lowest, -0 as +0); ties go
-// to the lower column, as on the CPU. row_stats then writes each row's log-sum-exp at the
-// temperature and its value at one asked-for column.
+// to the lower column, as on the CPU. Last, each row's log-sum-exp at the temperature and its
+// value at one asked-for column.
 
 struct Params {
     rows: u32,
@@ -56,6 +56,14 @@ fn order_key(v: f32) -> u32 {
         return ~b;
     }
     return b | 0x80000000u;
+}
+
+// The value whose order key is `key` (not 0, NaN's).
+fn key_value(key: u32) -> f32 {
+    if ((key >> 31u) == 1u) {
+        return bitcast<f32>(key & 0x7fffffffu);
+    }
+    return bitcast<f32>(~key);
 }
 
 // Whether a comes before b: the larger key, then the lower column.
@@ -182,41 +190,16 @@ fn select_top(
         pout[base + 2u * i] = kept[i].x;
         pout[base + 2u * i + 1u] = kept[i].y;
     }
-}
-
-// One workgroup per row: ln sum exp(x / temperature) and x at cols[row], after the row's k pairs.
-@compute @workgroup_size(256)
-fn row_stats(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= p.rows) {
-        return;
-    }
+    // The row's log-sum-exp at the temperature, about its largest value: the first kept entry.
     // Below any logit, but finite: Tint's constant evaluation rejects -inf (even from a bitcast)
     // and f32's limit once the WGSL has been written back out through f64.
-    var m = -3.0e38;
-    for (var i = t; i < p.n; i += WG) {
-        let v = x[row * p.n + i];
-        if (!is_nan(v)) {
-            m = max(m, v / p.temperature);
-        }
+    var top = -3.0e38;
+    if (kept[0].x != 0u) {
+        top = max(top, key_value(kept[0].x) / p.temperature);
     }
-    red[t] = m;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            red[t] = max(red[t], red[t + s]);
-        }
-        workgroupBarrier();
-    }
-    let top = red[0];
-    workgroupBarrier();
     var sum = 0.0;
-    for (var i = t; i < p.n; i += WG) {
-        let v = x[row * p.n + i];
+    for (var c = t; c < p.n; c += WG) {
+        let v = x[row * p.n + c];
         if (!is_nan(v)) {
             sum += exp(v / p.temperature - top);
         }
@@ -230,10 +213,9 @@ fn row_stats(
         workgroupBarrier();
     }
     if (t == 0u) {
-        let base = row * p.out_stride + 2u * p.k;
-        pout[base] = bitcast<u32>(top + log(red[0]));
+        pout[base + 2u * p.k] = bitcast<u32>(top + log(red[0]));
         let c = cols[row];
         // -inf's bits for a column out of range.
-        pout[base + 1u] = select(0xff800000u, bitcast<u32>(x[row * p.n + min(c, p.n - 1u)]), c < p.n);
+        pout[base + 2u * p.k + 1u] = select(0xff800000u, bitcast<u32>(x[row * p.n + min(c, p.n - 1u)]), c < p.n);
     }
 }

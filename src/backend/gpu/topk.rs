@@ -52,9 +52,8 @@ impl GpuBackend {
         let result = self.tensor(rows, stride)?;
         let params = [rows as u32, x.cols as u32, k as u32, stride as u32, f(temperature)];
         let cols = self.meta(Meta::Columns, at, |c| c.to_vec())?;
-        self.dispatch(&self.kernel(&TOPK, "select_top", &[])?, &params, &[x.bind(1), result.bind(3)], groups(rows, 1)?)?;
-        let stats = [x.bind(1), result.bind(3), (4, &cols, cols.size())];
-        self.dispatch(&self.kernel(&TOPK, "row_stats", &[])?, &params, &stats, groups(rows, 1)?)?;
+        let binds = [x.bind(1), result.bind(3), (4, &cols, cols.size())];
+        self.dispatch(&self.kernel(&TOPK, "select_top", &[])?, &params, &binds, groups(rows, 1)?)?;
         Ok(self.download(result.buf.buffer(), result.bytes()))
     }
 }
