@@ -5,7 +5,7 @@ use std::fmt;
 
 use web_time::Instant;
 
-use super::{Activation, AttnShape, Backend, Batch, Rope};
+use super::{Activation, AttnShape, Backend, Batch, Rope, NO_SLOT};
 use crate::error::Result;
 use crate::sampling::Rng;
 use crate::storage::quant::DType;
@@ -255,6 +255,11 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
         let logits = b.upload(m, o.vocab, &rng.vec(m * o.vocab))?;
         time!("argmax", format!("m={m} cols={}", o.vocab), 4 * m * o.vocab, 0, {
             b.argmax(&logits).await?;
+        });
+        // What a sampling draft reads back of each row (SpecConfig's default draft candidates).
+        let at = vec![NO_SLOT; m];
+        time!("top_k 64", format!("m={m} cols={}", o.vocab), 4 * m * o.vocab, 0, {
+            b.top_k(&logits, 64, 1.0, &at).await?;
         });
         // m new tokens after `context` cached ones, causally.
         let mut cache = b.new_cache(1, o.context + m, kv_dim)?;
