@@ -6,7 +6,7 @@ use super::target_rows::Rows;
 use super::{Generation, Request, Sink};
 use crate::error::Result;
 use crate::model::runner::{append, Lm, Want};
-use crate::sampling::{self, Rng};
+use crate::sampling;
 
 pub async fn generate_ar(target: &mut dyn Lm, req: &Request, sink: Sink<'_>) -> Result<Generation> {
     let room = req.validate(target, 0)?;
@@ -23,12 +23,4 @@ pub async fn generate_ar(target: &mut dyn Lm, req: &Request, sink: Sink<'_>) -> 
         run.out.push(&[next]);
     }
     Ok(run.finish(|stats| stats.target_busy_ms = stats.decode_ms))
-}
-
-pub(crate) fn pick(logits: &[f32], req: &Request, rng: &mut Rng) -> u32 {
-    if req.sampling.is_greedy() {
-        sampling::argmax(logits)
-    } else {
-        sampling::sample(&sampling::probs(logits, &req.sampling), rng)
-    }
 }

@@ -3,11 +3,11 @@
 
 use web_time::Instant;
 
-use super::autoregressive::pick;
+use super::target_rows::Rows;
 use super::{elapsed_ms, Generation, Output, Request, Sink, Stats};
 use crate::error::Result;
 use crate::model::runner::{append, Lm, Want};
-use crate::sampling::Rng;
+use crate::sampling::{self, Rng};
 
 /// A generation whose prompt the target has read.
 pub(crate) struct Prefill {
@@ -24,8 +24,12 @@ pub(crate) async fn prefill(target: &mut dyn Lm, req: &Request, mode: &str) -> R
     let mut rng = Rng::new(req.sampling.seed);
     let stats = Stats { mode: mode.into(), prompt_tokens: req.prompt.len(), ..Stats::default() };
     let started = Instant::now();
-    let logits = append(target, &req.prompt, Want::LastLogits).await?.logits();
-    let first = pick(&logits, req, &mut rng);
+    let first = if req.sampling.is_greedy() {
+        append(target, &req.prompt, Want::LastTopK { k: 1, temperature: 1.0 }).await?.top_k().ids[0]
+    } else {
+        let rows = Rows::from_output(append(target, &req.prompt, Rows::want_last(&req.sampling)).await?);
+        sampling::sample(&rows.probs(0, target.config().vocab_size, &req.sampling), &mut rng)
+    };
     Ok(Prefill { rng, stats, first, started })
 }
 

@@ -104,7 +104,8 @@ impl<M: DraftLm> DraftKv<M> {
         self.prefix = 0;
         self.unfed.clear();
         self.run = Run::default();
-        append(lm, prompt, Want::LastLogits).await?;
+        // Nothing of the output is used: its top entry, the least an append reads back.
+        append(lm, prompt, Want::LastTopK { k: 1, temperature: 1.0 }).await?;
         self.prefix = prompt.len();
         Ok(())
     }
