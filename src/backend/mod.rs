@@ -248,7 +248,7 @@ impl AttnShape {
 /// that a browser never blocks.
 #[allow(async_fn_in_trait)]
 pub trait Backend {
-    type Weight;
+    type Weight: Clone;
     type Tensor;
     /// The KV cache of all layers.
     type Cache;

@@ -74,8 +74,9 @@ pub struct TensorInfo {
     /// ggml order: `dims[0]` is the contiguous (innermost) dimension.
     pub dims: Vec<usize>,
     pub dtype: DType,
-    /// Absolute byte range in the file.
-    pub range: Range<usize>,
+    /// Absolute byte range in the file (u64: a file streamed into wasm32 may exceed its address
+    /// space).
+    pub range: Range<u64>,
 }
 
 #[derive(Debug)]
@@ -83,6 +84,7 @@ pub struct Gguf {
     pub version: u32,
     pub metadata: HashMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
+    data_start: u64,
 }
 
 /// Sane bounds beyond what the file's length allows, so that a small hostile file cannot make
@@ -94,21 +96,29 @@ const MAX_METADATA: u64 = 1 << 16;
 const MAX_ARRAY_LEN: u64 = 1 << 22;
 const MAX_ALIGNMENT: u64 = 1 << 16;
 
+/// Reads the header from `buf`, the first bytes of a file of `file_len` bytes.
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    file_len: u64,
+    /// Set when a read ran past `buf` but not past the file: more of the file would tell.
+    short: bool,
 }
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, field: &dyn Fn() -> String) -> Result<&'a [u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
+        let end = self.pos.checked_add(n).filter(|&e| e as u64 <= self.file_len).ok_or_else(|| {
             Error::invalid_model(format!(
                 "GGUF file truncated: {} needs {n} bytes at offset {} of {}",
                 field(),
                 self.pos,
-                self.buf.len()
+                self.file_len
             ))
         })?;
+        if end > self.buf.len() {
+            self.short = true;
+            return Err(Error::invalid_model(format!("GGUF header longer than the {} bytes read", self.buf.len())));
+        }
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -128,7 +138,7 @@ impl<'a> Reader<'a> {
     /// when the bytes left cannot hold that many or it exceeds `max`.
     fn count(&mut self, min_item_bytes: usize, max: u64, field: &dyn Fn() -> String) -> Result<usize> {
         let n = self.u64(field)?;
-        let left = (self.buf.len() - self.pos) as u64;
+        let left = self.file_len - self.pos as u64;
         if n.saturating_mul(min_item_bytes as u64) > left {
             return Err(Error::invalid_model(format!(
                 "GGUF {} = {n} exceeds what the remaining {left} bytes of the file can hold (truncated or corrupt)",
@@ -202,11 +212,33 @@ struct RawTensor {
 impl Gguf {
     /// Parse the header of a GGUF file held in `buf` (the whole file, memory-mapped or read).
     pub fn parse(buf: &[u8]) -> Result<Gguf> {
-        let mut r = Reader { buf, pos: 0 };
-        if buf.len() < 4 || &buf[..4] != MAGIC {
+        Self::parse_prefix(buf, buf.len() as u64)?
+            .ok_or_else(|| Error::invalid_model("GGUF file truncated inside its header"))
+    }
+
+    /// Parse the header from `prefix`, the first bytes of a file of `file_len` bytes (one being
+    /// downloaded): `None` when the header runs past `prefix`. Tensors are checked against
+    /// `file_len`.
+    pub fn parse_prefix(prefix: &[u8], file_len: u64) -> Result<Option<Gguf>> {
+        let mut r = Reader { buf: prefix, pos: 0, file_len, short: false };
+        match r.header() {
+            Err(_) if r.short => Ok(None),
+            parsed => parsed.map(Some),
+        }
+    }
+
+    /// Where the tensor data starts: the header's length, padded to the alignment.
+    pub fn data_start(&self) -> u64 {
+        self.data_start
+    }
+}
+
+impl Reader<'_> {
+    fn header(&mut self) -> Result<Gguf> {
+        let r = self;
+        if r.file_len < 4 || r.take(4, &|| "magic".into())? != MAGIC {
             return Err(Error::invalid_model("not a GGUF file (bad magic)"));
         }
-        r.pos = 4;
         let version = r.u32(&|| "version".into())?;
         if !(2..=3).contains(&version) {
             return Err(Error::Unsupported(format!("GGUF version {version} (2 and 3 are supported)")));
@@ -246,10 +278,12 @@ impl Gguf {
             None => DEFAULT_ALIGNMENT,
         };
         let data_start = (r.pos as u64).div_ceil(alignment) * alignment;
-        let tensors = raw.into_iter().map(|t| t.locate(data_start, buf.len())).collect::<Result<_>>()?;
-        Ok(Gguf { version, metadata, tensors })
+        let tensors = raw.into_iter().map(|t| t.locate(data_start, r.file_len)).collect::<Result<_>>()?;
+        Ok(Gguf { version, metadata, tensors, data_start })
     }
+}
 
+impl Gguf {
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)
     }
@@ -279,7 +313,7 @@ impl Gguf {
 impl RawTensor {
     /// Check the tensor's type and size, and that its bytes lie inside the file (`file_len`
     /// bytes, data section from `data_start`).
-    fn locate(self, data_start: u64, file_len: usize) -> Result<TensorInfo> {
+    fn locate(self, data_start: u64, file_len: u64) -> Result<TensorInfo> {
         let RawTensor { name, dims, ty, offset } = self;
         let bad = |what: String| Error::invalid_model(format!("GGUF tensor {name}: {what}"));
         let dtype = DType::from_ggml(ty).map_err(|e| bad(e.to_string()))?;
@@ -291,9 +325,9 @@ impl RawTensor {
             return Err(bad(format!("row of {} values is not a whole number of {dtype:?} blocks", dims[0])));
         }
         let bytes = dtype.bytes_for(n).map_err(|e| bad(e.to_string()))?;
-        let start = data_start.checked_add(offset).and_then(|s| usize::try_from(s).ok());
-        let range = start
-            .and_then(|s| s.checked_add(bytes).map(|e| s..e))
+        let range = data_start
+            .checked_add(offset)
+            .and_then(|s| s.checked_add(bytes as u64).map(|e| s..e))
             .filter(|r| r.end <= file_len)
             .ok_or_else(|| {
                 bad(format!(

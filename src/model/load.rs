@@ -2,13 +2,14 @@
 //! (config.json + safetensors + tokenizer.json).
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig, Windows};
 use crate::model::arch::llama3_factors;
-use crate::model::gguf::Gguf;
+use crate::model::gguf::{Gguf, TensorInfo};
 use crate::storage::quant::DType;
 use crate::model::tokenizer::{chat_template, Tokenizer};
 use crate::model::weights::{LayerWeights, LongRope, ModelWeights};
@@ -21,28 +22,50 @@ pub struct ModelFile {
     pub chat_template: Option<String>,
 }
 
-/// Tensors by name, in their storage type and shape (rows, cols); a vector is 1 row.
-type Tensors = HashMap<String, Weight>;
+/// What assembling a model does to a tensor: to its bytes ([`Weight`]), or to a reference to
+/// them that a streamed load resolves once they arrive ([`crate::model::stream`]).
+pub(crate) trait Tensor: Clone {
+    /// (rows, cols); a vector is 1 row.
+    fn shape(&self) -> (usize, usize);
+    /// Rows `rows` as a tensor of their own (a fused matrix's parts).
+    fn rows_view(&self, rows: Range<usize>) -> Self;
+    /// GGUF llama's Q or K rows, interleaved per head, in the order the forward wants (see
+    /// [`unpermute_qk`]).
+    fn unpermuted(&self, n_heads: usize) -> Self;
+}
 
-fn take(t: &mut Tensors, name: &str) -> Result<Weight> {
+impl Tensor for Weight {
+    fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+    fn rows_view(&self, rows: Range<usize>) -> Self {
+        Weight::rows_view(self, rows)
+    }
+    fn unpermuted(&self, n_heads: usize) -> Self {
+        unpermute_qk(self, n_heads)
+    }
+}
+
+/// Tensors by name, in their storage type and shape (rows, cols); a vector is 1 row.
+type Tensors<T = Weight> = HashMap<String, T>;
+
+fn take<T>(t: &mut Tensors<T>, name: &str) -> Result<T> {
     t.remove(name).ok_or_else(|| Error::invalid_model(format!("tensor {name} missing")))
 }
 
-fn expect_shape(w: &Weight, name: &str, rows: usize, cols: usize) -> Result<()> {
-    if w.rows * w.cols == rows * cols && w.cols == cols {
+fn expect_shape<T: Tensor>(w: &T, name: &str, rows: usize, cols: usize) -> Result<()> {
+    let (r, c) = w.shape();
+    if (r, c) == (rows, cols) {
         Ok(())
     } else {
-        Err(Error::invalid_model(format!(
-            "tensor {name} is {}x{}, expected {rows}x{cols}",
-            w.rows, w.cols
-        )))
+        Err(Error::invalid_model(format!("tensor {name} is {r}x{c}, expected {rows}x{cols}")))
     }
 }
 
 /// GGUF llama files store Q/K rows interleaved per head (pairs adjacent); the forward uses the
 /// rotate-half RoPE of HF, whose row order puts each pair's halves `head_dim / 2` apart. `w` must
 /// already be checked to hold `n_heads` heads of an even, nonzero head dimension.
-fn unpermute_qk(w: &Weight, n_heads: usize) -> Weight {
+pub(crate) fn unpermute_qk(w: &Weight, n_heads: usize) -> Weight {
     let hd = w.rows / n_heads;
     let perm: Vec<usize> = (0..w.rows)
         .map(|i| {
@@ -55,27 +78,27 @@ fn unpermute_qk(w: &Weight, n_heads: usize) -> Weight {
 }
 
 /// Tensors by role, taken by name in one naming scheme and checked against their shape.
-struct Named<'a> {
-    tensors: Tensors,
+struct Named<'a, T> {
+    tensors: Tensors<T>,
     names: &'a dyn Fn(&str, Option<usize>) -> String,
 }
 
-impl Named<'_> {
-    fn get(&mut self, key: &str, layer: Option<usize>, rows: usize, cols: usize) -> Result<Weight> {
+impl<T: Tensor> Named<'_, T> {
+    fn get(&mut self, key: &str, layer: Option<usize>, rows: usize, cols: usize) -> Result<T> {
         let name = (self.names)(key, layer);
         let w = take(&mut self.tensors, &name)?;
         expect_shape(&w, &name, rows, cols)?;
-        Ok(Weight { rows, cols, ..w })
+        Ok(w)
     }
 
     /// A vector the family has (`Some`) or lacks (`None`).
-    fn vector_if(&mut self, has: bool, key: &str, layer: Option<usize>, n: usize) -> Result<Option<Weight>> {
+    fn vector_if(&mut self, has: bool, key: &str, layer: Option<usize>, n: usize) -> Result<Option<T>> {
         has.then(|| self.get(key, layer, 1, n)).transpose()
     }
 
     /// `parts` weights of `rows[i]` rows each, from one fused matrix under `key` or from one
     /// matrix each under `keys`.
-    fn split(&mut self, fused: bool, key: &str, keys: &[&str], layer: Option<usize>, rows: &[usize], cols: usize) -> Result<Vec<Weight>> {
+    fn split(&mut self, fused: bool, key: &str, keys: &[&str], layer: Option<usize>, rows: &[usize], cols: usize) -> Result<Vec<T>> {
         if !fused {
             return keys.iter().zip(rows).map(|(k, &r)| self.get(k, layer, r, cols)).collect();
         }
@@ -100,25 +123,30 @@ fn add_offset(w: Weight, offset: f32) -> Weight {
     Weight::from_f32(w.rows, w.cols, &v)
 }
 
-/// Assemble the model from named tensors, given names in one naming scheme; norm weights get
-/// `norm_offset` added.
-fn assemble(config: ModelConfig, tensors: Tensors, names: &dyn Fn(&str, Option<usize>) -> String, norm_offset: f32) -> Result<ModelWeights> {
+/// Assemble the model from named tensors, given names in one naming scheme; norm weights pass
+/// through `fix_norm` (see [`add_offset`]).
+fn assemble<T: Tensor>(
+    config: ModelConfig,
+    tensors: Tensors<T>,
+    names: &dyn Fn(&str, Option<usize>) -> String,
+    fix_norm: &dyn Fn(T) -> T,
+) -> Result<ModelWeights<T>> {
     config.validate()?;
     let c = &config;
     let fam = c.family();
     let (d, q, kv, f, hd) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ffn, c.head_dim);
     let mut t = Named { tensors, names };
-    let norm = |w: Option<Weight>| w.map(|w| add_offset(w, norm_offset));
+    let norm = |w: Option<T>| w.map(fix_norm);
     let embed = t.get("embed", None, c.vocab_size, d)?;
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let l = Some(i);
-        let [wq, wk, wv] = <[Weight; 3]>::try_from(t.split(fam.fused, "qkv", &["wq", "wk", "wv"], l, &[q, kv, kv], d)?)
-            .expect("three parts");
-        let [w_gate, w_up] =
-            <[Weight; 2]>::try_from(t.split(fam.fused, "gate_up", &["w_gate", "w_up"], l, &[f, f], d)?).expect("two parts");
+        let [wq, wk, wv] = <[T; 3]>::try_from(t.split(fam.fused, "qkv", &["wq", "wk", "wv"], l, &[q, kv, kv], d)?)
+            .unwrap_or_else(|_| unreachable!("three parts"));
+        let [w_gate, w_up] = <[T; 2]>::try_from(t.split(fam.fused, "gate_up", &["w_gate", "w_up"], l, &[f, f], d)?)
+            .unwrap_or_else(|_| unreachable!("two parts"));
         layers.push(LayerWeights {
-            attn_norm: add_offset(t.get("attn_norm", l, 1, d)?, norm_offset),
+            attn_norm: fix_norm(t.get("attn_norm", l, 1, d)?),
             bq: t.vector_if(fam.qkv_bias, "bq", l, q)?,
             bk: t.vector_if(fam.qkv_bias, "bk", l, kv)?,
             bv: t.vector_if(fam.qkv_bias, "bv", l, kv)?,
@@ -129,14 +157,14 @@ fn assemble(config: ModelConfig, tensors: Tensors, names: &dyn Fn(&str, Option<u
             wv,
             wo: t.get("wo", l, d, q)?,
             post_attn_norm: norm(t.vector_if(fam.post_norms, "post_attn_norm", l, d)?),
-            ffn_norm: add_offset(t.get("ffn_norm", l, 1, d)?, norm_offset),
+            ffn_norm: fix_norm(t.get("ffn_norm", l, 1, d)?),
             w_gate,
             w_up,
             w_down: t.get("w_down", l, d, f)?,
             post_ffn_norm: norm(t.vector_if(fam.post_norms, "post_ffn_norm", l, d)?),
         });
     }
-    let norm = add_offset(t.get("norm", None, 1, d)?, norm_offset);
+    let norm = fix_norm(t.get("norm", None, 1, d)?);
     let output = if c.tied_embeddings { embed.clone() } else { t.get("output", None, c.vocab_size, d)? };
     Ok(ModelWeights { config, embed, layers, norm, output, head_tokens: None, rope_factors: None, long_rope: None })
 }
@@ -212,10 +240,24 @@ fn hf_name(post_norms: bool) -> impl Fn(&str, Option<usize>) -> String {
     }
 }
 
-/// Load a GGUF model from its bytes.
-pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
-    let buf: &[u8] = (*storage).as_ref();
-    let g = Gguf::parse(buf)?;
+/// A GGUF model's parts, its tensors taken as `T`, before the RoPE factors stored among them
+/// are read.
+pub(crate) struct GgufParts<T> {
+    /// The weights, without RoPE factors.
+    pub weights: ModelWeights<T>,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<String>,
+    /// Llama 3's factors, or long RoPE's short ones.
+    pub factors: Option<T>,
+    /// Long RoPE's long factors, and the context beyond which they apply.
+    pub long: Option<(T, usize)>,
+}
+
+/// The model described by the GGUF header `g`, tensor `i` of its index taken as `tensor(i, info)`.
+pub(crate) fn gguf_parts<T: Tensor>(
+    g: &Gguf,
+    tensor: impl Fn(usize, &TensorInfo, (usize, usize)) -> Result<T>,
+) -> Result<GgufParts<T>> {
     let arch_name = g
         .get_str("general.architecture")
         .ok_or_else(|| Error::invalid_model("GGUF metadata general.architecture missing"))?;
@@ -226,19 +268,17 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
         usize::try_from(v).map_err(|_| Error::invalid_model(format!("GGUF metadata {} = {v} is too large", key(k))))
     };
     let f = |k: &str, default: f64| g.get(&key(k)).and_then(|v| v.as_f64()).unwrap_or(default) as f32;
-    let tokenizer = Tokenizer::from_gguf(&g)?;
+    let tokenizer = Tokenizer::from_gguf(g)?;
 
     let mut tensors = Tensors::new();
-    for ti in &g.tensors {
-        let cols = ti.dims[0];
-        let rows = ti.dims[1..].iter().product();
-        let w = Weight::new(ti.dtype, rows, cols, Bytes::new(storage.clone(), ti.range.clone()))?;
-        tensors.insert(ti.name.clone(), w);
+    for (i, ti) in g.tensors.iter().enumerate() {
+        let shape = (ti.dims[1..].iter().product(), ti.dims[0]);
+        tensors.insert(ti.name.clone(), tensor(i, ti, shape)?);
     }
     let (d_model, n_heads) = (u("embedding_length")?, u("attention.head_count")?);
     let vocab_size = tensors
         .get("token_embd.weight")
-        .map(|w| w.rows)
+        .map(|w| w.shape().0)
         .ok_or_else(|| Error::invalid_model("tensor token_embd.weight missing"))?;
     let head_dim = u("attention.key_length").unwrap_or(d_model / n_heads.max(1));
     let family = arch.family();
@@ -266,26 +306,48 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
     };
     check_tokenizer(&tokenizer, &config)?;
-    let chat_template = chat_template(&g).map(str::to_owned);
-    // Llama 3's factors, or long RoPE's pair of short and long factors.
+    let chat_template = chat_template(g).map(str::to_owned);
     let factors = tensors.remove("rope_freqs.weight").or_else(|| tensors.remove("rope_factors_short.weight"));
-    let long = tensors.remove("rope_factors_long.weight");
-    let mut weights = assemble(config, tensors, &gguf_name, 0.0)?;
-    let c = &weights.config;
-    weights.rope_factors = factors.map(|w| rope_factors(&w, c, "RoPE factors")).transpose()?;
-    weights.long_rope = long
-        .map(|w| {
-            let from_context = u("rope.scaling.original_context_length")?;
-            Ok::<_, Error>(LongRope { factors: rope_factors(&w, c, "rope_factors_long.weight")?, from_context })
-        })
-        .transpose()?;
+    let long = match tensors.remove("rope_factors_long.weight") {
+        Some(w) => Some((w, u("rope.scaling.original_context_length")?)),
+        None => None,
+    };
+    let mut weights = assemble(config, tensors, &gguf_name, &|w| w)?;
     if family.gguf_interleaved_qk {
         let (q_heads, kv_heads) = (weights.config.n_heads, weights.config.n_kv_heads);
         for l in &mut weights.layers {
-            l.wq = unpermute_qk(&l.wq, q_heads);
-            l.wk = unpermute_qk(&l.wk, kv_heads);
+            l.wq = l.wq.unpermuted(q_heads);
+            l.wk = l.wk.unpermuted(kv_heads);
         }
     }
+    Ok(GgufParts { weights, tokenizer, chat_template, factors, long })
+}
+
+impl<T> GgufParts<T> {
+    /// The model with its RoPE factors read, each factor tensor's bytes given by `host`.
+    pub(crate) fn with_rope(self, host: impl Fn(&T) -> Result<Weight>) -> Result<(ModelWeights<T>, Tokenizer, Option<String>)> {
+        let GgufParts { mut weights, tokenizer, chat_template, factors, long } = self;
+        let c = &weights.config;
+        weights.rope_factors = factors.map(|w| rope_factors(&host(&w)?, c, "RoPE factors")).transpose()?;
+        weights.long_rope = long
+            .map(|(w, from_context)| {
+                Ok::<_, Error>(LongRope { factors: rope_factors(&host(&w)?, c, "rope_factors_long.weight")?, from_context })
+            })
+            .transpose()?;
+        Ok((weights, tokenizer, chat_template))
+    }
+}
+
+/// Load a GGUF model from its bytes.
+pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
+    let buf: &[u8] = (*storage).as_ref();
+    let g = Gguf::parse(buf)?;
+    let parts = gguf_parts(&g, |_, ti, (rows, cols)| {
+        // Inside `buf`, as the parser checked, so within usize.
+        let range = ti.range.start as usize..ti.range.end as usize;
+        Weight::new(ti.dtype, rows, cols, Bytes::new(storage.clone(), range))
+    })?;
+    let (weights, tokenizer, chat_template) = parts.with_rope(|w| Ok(w.clone()))?;
     Ok(ModelFile { weights, tokenizer, chat_template })
 }
 
@@ -534,7 +596,8 @@ pub fn from_hf(src: &dyn FileSource) -> Result<ModelFile> {
     };
     config.validate()?;
     check_tokenizer(&tokenizer, &config)?;
-    let mut weights = assemble(config, tensors, &hf_name(family.post_norms), family.hf_norm_offset)?;
+    let offset = family.hf_norm_offset;
+    let mut weights = assemble(config, tensors, &hf_name(family.post_norms), &|w| add_offset(w, offset))?;
     let c = &weights.config;
     match scaling {
         RopeScaling::Llama3 { factor, low, high, original_context } => {

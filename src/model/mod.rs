@@ -1,5 +1,6 @@
 //! What a model is: its family ([`arch`]), its config, its weights as stored (GGUF or
-//! safetensors), its tokenizer, and the transformer forward over a backend.
+//! safetensors, or streamed onto a backend as it downloads), its tokenizer, and the transformer
+//! forward over a backend.
 
 pub mod arch;
 pub mod config;
@@ -8,6 +9,7 @@ pub mod gguf_writer;
 pub mod load;
 pub mod runner;
 pub mod slim;
+pub mod stream;
 #[cfg(feature = "native")]
 pub mod synth;
 pub mod tokenizer;

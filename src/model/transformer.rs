@@ -4,91 +4,37 @@
 use crate::backend::{Backend, Batch, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
-use crate::model::weights::{LongRope, ModelWeights};
-
-struct Layer<W> {
-    attn_norm: W,
-    wq: W,
-    wk: W,
-    wv: W,
-    bq: Option<W>,
-    bk: Option<W>,
-    bv: Option<W>,
-    wo: W,
-    q_norm: Option<W>,
-    k_norm: Option<W>,
-    post_attn_norm: Option<W>,
-    ffn_norm: W,
-    w_gate: W,
-    w_up: W,
-    w_down: W,
-    post_ffn_norm: Option<W>,
-}
+use crate::model::load::Tensor;
+use crate::model::weights::ModelWeights;
 
 pub struct Transformer<B: Backend> {
     pub config: ModelConfig,
     pub backend: B,
-    embed: B::Weight,
-    layers: Vec<Layer<B::Weight>>,
-    norm: B::Weight,
-    output: B::Weight,
-    head_tokens: Option<Vec<u32>>,
+    weights: ModelWeights<B::Weight>,
     /// The RoPE factors in use, chosen for the context by [`Self::use_context`].
     rope_factors: Option<Vec<f32>>,
-    short_rope: Option<Vec<f32>>,
-    long_rope: Option<LongRope>,
 }
 
 impl<B: Backend> Transformer<B> {
     pub fn new(backend: B, w: &ModelWeights) -> Result<Self> {
         check_head(w)?;
-        let load = |x| backend.load_weight(x);
-        let opt = |x: &Option<_>| x.as_ref().map(|x| backend.load_weight(x)).transpose();
-        let layers = w
-            .layers
-            .iter()
-            .map(|l| {
-                Ok(Layer {
-                    attn_norm: load(&l.attn_norm)?,
-                    wq: load(&l.wq)?,
-                    wk: load(&l.wk)?,
-                    wv: load(&l.wv)?,
-                    bq: opt(&l.bq)?,
-                    bk: opt(&l.bk)?,
-                    bv: opt(&l.bv)?,
-                    wo: load(&l.wo)?,
-                    q_norm: opt(&l.q_norm)?,
-                    k_norm: opt(&l.k_norm)?,
-                    post_attn_norm: opt(&l.post_attn_norm)?,
-                    ffn_norm: load(&l.ffn_norm)?,
-                    w_gate: load(&l.w_gate)?,
-                    w_up: load(&l.w_up)?,
-                    w_down: load(&l.w_down)?,
-                    post_ffn_norm: opt(&l.post_ffn_norm)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Transformer {
-            config: w.config.clone(),
-            embed: load(&w.embed)?,
-            norm: load(&w.norm)?,
-            output: load(&w.output)?,
-            head_tokens: w.head_tokens.clone(),
-            rope_factors: w.rope_factors.clone(),
-            short_rope: w.rope_factors.clone(),
-            long_rope: w.long_rope.clone(),
-            layers,
-            backend,
-        })
+        let weights = w.try_map(|x| backend.load_weight(x))?;
+        Ok(Self::from_loaded(backend, weights))
+    }
+
+    /// The model from weights already on `backend` (checked with [`check_head`] before they
+    /// were loaded).
+    pub fn from_loaded(backend: B, weights: ModelWeights<B::Weight>) -> Self {
+        Transformer { config: weights.config.clone(), rope_factors: weights.rope_factors.clone(), backend, weights }
     }
 
     /// Run with a context of `capacity` positions: a model with long RoPE takes its long factors
     /// when the context exceeds the one its short factors were trained for (the whole generation
     /// rotates alike, so a cache never mixes the two).
     pub fn use_context(&mut self, capacity: usize) {
-        self.rope_factors = match &self.long_rope {
+        self.rope_factors = match &self.weights.long_rope {
             Some(long) if capacity > long.from_context => Some(long.factors.clone()),
-            _ => self.short_rope.clone(),
+            _ => self.weights.rope_factors.clone(),
         };
     }
 
@@ -98,7 +44,7 @@ impl<B: Backend> Transformer<B> {
 
     /// The tokens the output head's rows score, when it scores fewer than the vocabulary.
     pub fn head_tokens(&self) -> Option<&[u32]> {
-        self.head_tokens.as_deref()
+        self.weights.head_tokens.as_deref()
     }
 
     /// Run `batch` through the model, writing its K/V into `cache`; returns the logits
@@ -122,8 +68,8 @@ impl<B: Backend> Transformer<B> {
         };
         // Every windowed layer has the same window: the batch is checked against it once.
         check_window(batch, (0..c.n_layers).find_map(|i| c.attn_shape(i).window))?;
-        let mut x = b.embed(&self.embed, &batch.tokens, c.embed_scale())?;
-        for (i, l) in self.layers.iter().enumerate() {
+        let mut x = b.embed(&self.weights.embed, &batch.tokens, c.embed_scale())?;
+        for (i, l) in self.weights.layers.iter().enumerate() {
             let shape = c.attn_shape(i);
             let rope = c.rope(i, self.rope_factors.as_deref());
             let h = b.rms_norm(&x, &l.attn_norm, eps)?;
@@ -143,8 +89,8 @@ impl<B: Backend> Transformer<B> {
         } else {
             b.select_rows(&x, out_rows)?
         };
-        let x = b.rms_norm(&x, &self.norm, c.rms_eps)?;
-        b.matmul(&x, &self.output, None)
+        let x = b.rms_norm(&x, &self.weights.norm, c.rms_eps)?;
+        b.matmul(&x, &self.weights.output, None)
     }
 }
 
@@ -167,18 +113,18 @@ fn check_window(batch: &Batch, window: Option<u32>) -> Result<()> {
 }
 
 /// The output head has a row per token of the vocabulary, or per token of its `head_tokens`.
-fn check_head(w: &ModelWeights) -> Result<()> {
+pub(crate) fn check_head<T: Tensor>(w: &ModelWeights<T>) -> Result<()> {
     let vocab = w.config.vocab_size;
+    let rows = w.output.shape().0;
     let ok = match &w.head_tokens {
-        None => w.output.rows == vocab,
-        Some(t) => !t.is_empty() && w.output.rows == t.len() && t.iter().all(|&id| (id as usize) < vocab),
+        None => rows == vocab,
+        Some(t) => !t.is_empty() && rows == t.len() && t.iter().all(|&id| (id as usize) < vocab),
     };
     if ok {
         Ok(())
     } else {
         Err(Error::invalid_model(format!(
-            "the output head has {} rows for a vocabulary of {vocab} tokens ({} head tokens)",
-            w.output.rows,
+            "the output head has {rows} rows for a vocabulary of {vocab} tokens ({} head tokens)",
             w.head_tokens.as_ref().map_or("no".into(), |t| t.len().to_string())
         )))
     }
