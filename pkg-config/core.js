@@ -4,7 +4,7 @@
 // results, and turns wasm errors into SaguaroErrors.
 const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 let ready = null;
-/** The loaded build's bindings: ModelBuffer, WasmDraft, WasmEngine. */
+/** The loaded build's bindings: ModelBuffer, ModelStream (builds with WebGPU), WasmDraft, WasmEngine. */
 let wasm = null;
 /** Rejects once a panic has stopped the wasm instance: the call it cut short never settles. */
 let stopped = null;
@@ -239,10 +239,19 @@ async function* iterate(chunks) {
     return;
   }
   const reader = chunks.getReader();
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) return;
-    yield value;
+  let finished = false;
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) {
+        finished = true;
+        return;
+      }
+      yield value;
+    }
+  } finally {
+    // A reader that stopped early (a refused model) ends the download rather than leave it running.
+    if (!finished) reader.cancel().catch(() => {});
   }
 }
 
@@ -272,6 +281,27 @@ export async function readModel(source, { role, onProgress, cache }) {
   }
   await src.saving;
   return buffer;
+}
+
+/** Stream a target bound for WebGPU onto the GPU as it downloads: each tensor goes to its GPU
+ * buffer once it has arrived, so wasm memory never holds the whole file (a model larger than
+ * wasm32's 4 GiB loads). `opts`: the load options as the wasm side takes them. */
+export async function streamModel(source, opts, { role, onProgress, cache }) {
+  const src = await open(source, { cache, role });
+  const stream = await wasm.ModelStream.open(src.total ?? 0, opts);
+  let loaded = 0;
+  try {
+    for await (const chunk of iterate(src.chunks())) {
+      stream.push(chunk);
+      loaded += chunk.byteLength;
+      onProgress?.({ phase: 'download', role, loaded, total: src.total, fromCache: src.fromCache });
+    }
+  } catch (e) {
+    stream.free();
+    throw e;
+  }
+  await src.saving;
+  return stream;
 }
 
 function camelKey(k) {
@@ -309,10 +339,15 @@ export async function loadEngine(target, draft, opts, modes, onProgress, request
     const d = await readModel(draft, { role: 'draft', onProgress, cache: opts.cache });
     return unlessStopped(wasm.WasmEngine.loadRemote(target, d, engineOptions(opts, modes)));
   }
-  const t = await readModel(target, { role: 'target', onProgress, cache: opts.cache });
+  // A WebGPU target goes to the GPU as it downloads; a CPU target computes on its bytes in wasm memory.
+  const streamed = opts.backend === 'gpu' && !!wasm.ModelStream;
+  const t = streamed
+    ? await streamModel(target, engineOptions(opts, modes), { role: 'target', onProgress, cache: opts.cache })
+    : await readModel(target, { role: 'target', onProgress, cache: opts.cache });
   const d = draft ? await readModel(draft, { role: 'draft', onProgress, cache: opts.cache }) : undefined;
   onProgress?.({ phase: 'upload', role: 'target', loaded: 0, total: 1 });
-  const engine = await unlessStopped(wasm.WasmEngine.load(t, d, engineOptions(opts, modes)));
+  const o = engineOptions(opts, modes);
+  const engine = await unlessStopped(streamed ? wasm.WasmEngine.loadStreamed(t, d, o) : wasm.WasmEngine.load(t, d, o));
   onProgress?.({ phase: 'upload', role: 'target', loaded: 1, total: 1 });
   return engine;
 }

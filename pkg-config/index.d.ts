@@ -208,6 +208,9 @@ export interface EngineInfo {
   vocabSize: number;
   contextLength: number;
   stopTexts: string[];
+  /** The engine worker's wasm memory in bytes, its peak so far (wasm memory only grows). A target
+   * on WebGPU streams to the GPU tensor by tensor and is never held whole there. */
+  wasmMemoryBytes: number;
 }
 
 export interface ChatCompletionRequest {

@@ -3,9 +3,9 @@
 # run the Node tests there (on the threads build); run the library's wasm tests (simd128 kernels
 # against the portable ones) in headless Chromium; the engine and draft workers (abort, a dead
 # draft) in Chromium; both models on WebGPU (tiny synthesized models), the draft on its own
-# GPUDevice in its worker; the threads build on a cross-origin isolated page (2 threads against the
-# golden ids and the single-thread build); then the demo end to end in Chromium (WebGPU via
-# SwiftShader).
+# GPUDevice in its worker; a target over wasm32's 4 GiB streamed onto WebGPU; the threads build
+# on a cross-origin isolated page (2 threads against the golden ids and the single-thread build);
+# then the demo end to end in Chromium (WebGPU via SwiftShader).
 # Needs models/ (scripts/fetch-models.sh) and Debian's chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +41,9 @@ node tests/web/worker.mjs
 
 echo "== both models on WebGPU in Chromium: the draft worker on a GPUDevice of its own"
 node tests/web/gpu.mjs
+
+echo "== a 4.2 GiB target on WebGPU in Chromium: streamed to the GPU, never whole in wasm memory"
+node tests/web/big.mjs
 
 echo "== the threads build in Chromium: a cross-origin isolated page, a pool of 2 compute workers"
 node tests/web/threads.mjs

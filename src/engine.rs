@@ -3,10 +3,13 @@
 //! over it; neither loads, places or detokenizes anything itself.
 //!
 //! Models arrive as [`ModelFile`]s, however they were read (a memory map natively, bytes or
-//! downloaded pieces in the browser). Once the runners are built the engine keeps only what it
-//! still needs: a model bound for the GPU has been uploaded, so its host copy is freed here.
+//! downloaded pieces in the browser), or, for the target, already placed on its device
+//! ([`Target::Placed`]: streamed to the GPU as it downloaded). Once the runners are built the
+//! engine keeps only what it still needs: a model bound for the GPU has been uploaded, so its host
+//! copy is freed here.
 
 use crate::backend::cpu::{CpuBackend, Precision};
+use crate::backend::Backend;
 use crate::decode::{
     generate_ar, generate_sd, generate_sd_with, generate_ssd, Choice, Costs, DraftCosts, DraftWorker, Fanout, FinishReason,
     Mode, NgramConfig, PromptLookup, Request, SpecConfig, Stats, WorkerDrafter,
@@ -16,6 +19,7 @@ use crate::model::config::ModelConfig;
 use crate::model::load::ModelFile;
 use crate::storage::quant::DType;
 use crate::model::slim::{check_quant, frequent_tokens, Slimming};
+use crate::model::stream::StreamedModel;
 use crate::model::runner::{BoxedLm, Lm, Runner};
 use crate::model::tokenizer::{apply_chat_template, ChatMessage, StreamDecoder, Tokenizer};
 use crate::model::transformer::Transformer;
@@ -55,6 +59,37 @@ impl Device {
             Device::Gpu { .. } => Err(Error::Unsupported("this build has no GPU backend (feature `gpu`)".into())),
         }
     }
+}
+
+/// The target as an engine takes it: a model file to place as the options say, or a model
+/// already on its device.
+pub enum Target {
+    File(ModelFile),
+    Placed(PlacedTarget),
+}
+
+/// A target already on its device (one streamed there as it downloaded, see
+/// [`crate::model::stream`]), with its tokenizer. It cannot draft for itself: SD and SSD take a
+/// draft model.
+pub struct PlacedTarget {
+    pub lm: BoxedLm,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<String>,
+}
+
+impl PlacedTarget {
+    /// `m` as the target of an engine built with `opts`; `boxed` boxes its runner (whether that
+    /// is `Send` depends on the backend, so the caller, who knows it, does).
+    pub fn new<B: Backend>(m: StreamedModel<B>, opts: &EngineOptions, boxed: impl FnOnce(Runner<B>) -> BoxedLm) -> Result<PlacedTarget> {
+        let context = target_context(&m.model.config, opts);
+        let lm = boxed(Runner::new(m.model, context)?);
+        Ok(PlacedTarget { lm, tokenizer: m.tokenizer, chat_template: m.chat_template })
+    }
+}
+
+/// The target's KV slots: exactly the context window (it needs no speculation scratch).
+fn target_context(config: &ModelConfig, opts: &EngineOptions) -> usize {
+    opts.context.min(config.context_length)
 }
 
 /// How to build an engine.
@@ -300,20 +335,24 @@ impl Engine {
     /// Place `target` (and `draft`, if any) as `opts` say. Without a draft, SD and SSD draft with
     /// a second instance of the target.
     pub async fn new(target: ModelFile, draft: Option<ModelFile>, opts: &EngineOptions) -> Result<Engine> {
-        Self::with_target_wrapper(target, draft, opts, |lm| lm).await
+        Self::with_target_wrapper(Target::File(target), draft, opts, |lm| lm).await
     }
 
     /// Like [`Engine::new`], with the target model wrapped by `wrap` (the browser's wraps it to
     /// let the event loop run between forwards).
     pub async fn with_target_wrapper(
-        target: ModelFile,
+        target: Target,
         draft: Option<ModelFile>,
         opts: &EngineOptions,
         wrap: impl FnOnce(BoxedLm) -> BoxedLm,
     ) -> Result<Engine> {
         opts.validate()?;
+        let (placed, target_weights, tokenizer, chat_template) = match target {
+            Target::File(f) => (None, Some(f.weights), f.tokenizer, f.chat_template),
+            Target::Placed(p) => (Some(p.lm), None, p.tokenizer, p.chat_template),
+        };
         if let Some(d) = &draft {
-            check_vocab(&target.tokenizer, &d.tokenizer)?;
+            check_vocab(&tokenizer, &d.tokenizer)?;
         }
         if let Some(lookup) = &opts.lookup {
             lookup.validate()?;
@@ -324,29 +363,33 @@ impl Engine {
                 return Err(Error::InvalidArgument(lookup_ssd()));
             }
         }
-        let capacity = Self::capacity(&target.weights.config, opts);
         // Prompt lookup replaces the draft model.
         let wants = |m: Mode| opts.lookup.is_none() && (opts.modes.is_empty() || opts.modes.contains(&m));
-        // The target needs no speculation scratch: its cache is exactly the context window.
-        let context = opts.context.min(target.weights.config.context_length);
-        let mut target_lm = wrap(opts.target.runner(&target.weights, context).await?);
+        let mut target_lm = wrap(match (placed, &target_weights) {
+            (Some(lm), _) => lm,
+            (None, Some(w)) => opts.target.runner(&w, target_context(&w.config, opts)).await?,
+            (None, None) => unreachable!("a target is a file or placed"),
+        });
+        let capacity = Self::capacity(target_lm.config(), opts);
         let separate_draft = draft.is_some();
         // A draft model made cheaper, once for both its runners; the target drafting for itself
-        // stays as it is.
+        // stays as it is (a placed target has no weights here to draft with).
         let slimmed = match &draft {
             Some(d) => Some(slimming(d, opts).apply(&d.weights)?),
             None => None,
         };
-        let draft_weights = slimmed.as_ref().unwrap_or(&target.weights);
         let split = cpu_split(opts);
         let ssd_device = match (split, &opts.draft) {
             (Some((_, threads)), Device::Cpu { precision, .. }) => Device::Cpu { threads, precision: *precision },
             _ => opts.draft.clone(),
         };
-        let (mut sd_draft, ssd_draft) = draft_runners(draft_weights, capacity, opts, &ssd_device, wants).await?;
-        let ssd_target = match (split, &opts.target) {
-            (Some((threads, _)), Device::Cpu { precision, .. }) if ssd_draft.is_some() => {
-                Some(Device::Cpu { threads, precision: *precision }.runner(&target.weights, context).await?)
+        let (mut sd_draft, ssd_draft) = match slimmed.as_ref().or(target_weights.as_ref()) {
+            Some(w) => draft_runners(w, capacity, opts, &ssd_device, wants).await?,
+            None => (None, None),
+        };
+        let ssd_target = match (split, &opts.target, &target_weights) {
+            (Some((threads, _)), Device::Cpu { precision, .. }, Some(w)) if ssd_draft.is_some() => {
+                Some(Device::Cpu { threads, precision: *precision }.runner(w, target_context(&w.config, opts)).await?)
             }
             _ => None,
         };
@@ -366,8 +409,8 @@ impl Engine {
             _ => None,
         };
         Ok(Engine {
-            tokenizer: target.tokenizer,
-            chat_template: target.chat_template,
+            tokenizer,
+            chat_template,
             target: target_lm,
             separate_draft,
             sd_draft,

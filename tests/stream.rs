@@ -114,3 +114,35 @@ fn finish_with(bytes: &[u8]) -> String {
     let mut s = GgufStream::new(cpu(), Some(bytes.len() as u64));
     s.push(bytes).and_then(|()| s.finish().map(drop)).unwrap_err().to_string()
 }
+
+#[test]
+fn an_engine_on_a_streamed_target_speculates_as_one_on_the_file() {
+    use saguaro::decode::Mode;
+    use saguaro::engine::{Engine, EngineOptions, GenerateOptions, PlacedTarget, Prompt, Target};
+    let path = root().join("models/smollm2-135m-instruct-q4_1.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let opts = EngineOptions { context: 256, auto: false, ..EngineOptions::default() };
+    let streamed = stream(cpu(), &bytes, 1 << 20, &mut Rng::new(3));
+    let placed = PlacedTarget::new(streamed, &opts, |r| Box::new(r)).unwrap();
+    let prompt = Prompt::Text("The capital of France is".into());
+    let run = |engine: &mut Engine, mode: Mode| {
+        let g = GenerateOptions { mode: Some(mode), max_tokens: 12, ..GenerateOptions::default() };
+        block_on(engine.generate(&prompt, &g, &mut |_, _| true)).unwrap().tokens
+    };
+    let mut on_file = block_on(Engine::new(model(SMOLLM2), None, &opts)).unwrap();
+    let want = run(&mut on_file, Mode::Ar);
+    let draft = Some(model(SMOLLM2));
+    let mut engine = block_on(Engine::with_target_wrapper(Target::Placed(placed), draft, &opts, |lm| lm)).unwrap();
+    for mode in [Mode::Ar, Mode::Sd, Mode::Ssd] {
+        assert_eq!(run(&mut engine, mode), want, "{mode} with the streamed target");
+    }
+
+    // Without a draft model a placed target has nothing to speculate with: AR only, said clearly.
+    let streamed = stream(cpu(), &bytes, 1 << 20, &mut Rng::new(4));
+    let placed = PlacedTarget::new(streamed, &opts, |r| Box::new(r)).unwrap();
+    let mut alone = block_on(Engine::with_target_wrapper(Target::Placed(placed), None, &opts, |lm| lm)).unwrap();
+    assert_eq!(run(&mut alone, Mode::Ar), want);
+    let g = GenerateOptions { mode: Some(Mode::Sd), max_tokens: 4, ..GenerateOptions::default() };
+    let e = block_on(alone.generate(&prompt, &g, &mut |_, _| true)).unwrap_err().to_string();
+    assert!(e.contains("without a draft"), "{e}");
+}

@@ -2,6 +2,9 @@
 //! (pkg-config/) wraps these classes:
 //! - [`ModelBuffer`]: a model file filled piece by piece as it downloads, straight into wasm
 //!   memory, so no second copy of the whole file ever exists in JS;
+//! - [`ModelStream`]: a target bound for WebGPU, each tensor uploaded to its GPU buffer as soon as
+//!   it has downloaded, so wasm memory never holds more than one tensor of it (a model larger than
+//!   wasm32's 4 GiB loads);
 //! - [`WasmEngine`]: the [`Engine`] in the engine worker (or inline in Node);
 //! - [`WasmDraft`]: the draft in its own Web Worker, answering the engine's jobs over a
 //!   `MessagePort`: SSD's speculation, SD's drafting, and the timing of the draft at load (the
@@ -31,7 +34,7 @@ use web_sys::MessagePort;
 
 use crate::decode::ssd::Job;
 use crate::decode::{DraftHost, DraftWorker};
-use crate::engine::{Device, Engine};
+use crate::engine::{Device, Engine, Target};
 use crate::error::Error;
 use crate::model::load::{from_gguf, ModelFile};
 use crate::model::runner::BoxedLm;
@@ -113,6 +116,45 @@ impl ModelBuffer {
         from_gguf(Arc::new(self.data)).map_err(|e| js_error(&e))
     }
 }
+
+/// A target model streamed onto the GPU as it downloads (see [`crate::model::stream`]).
+#[cfg(feature = "gpu")]
+#[wasm_bindgen]
+pub struct ModelStream {
+    stream: crate::model::stream::GgufStream<crate::backend::gpu::GpuBackend>,
+}
+
+#[cfg(feature = "gpu")]
+#[wasm_bindgen]
+impl ModelStream {
+    /// Open the GPU that `opts` (as [`WasmEngine::load`] takes them) choose for the target, for
+    /// a file of `len` bytes (0: length not announced). Resolves to a `ModelStream`.
+    pub fn open(len: f64, opts: JsValue) -> Promise {
+        install_panic_hook();
+        future_to_promise(async move {
+            if !(len.is_finite() && (0.0..=MAX_SAFE_INTEGER).contains(&len)) {
+                return Err(js_error_with("bad_model", &format!("a model file of {len} bytes")));
+            }
+            let opts: LoadOpts = options::parse(opts)?;
+            let Device::Gpu { adapter } = opts.engine_options()?.target else {
+                return Err(js_error_with("invalid_argument", "a target streamed to the GPU needs backend 'gpu'"));
+            };
+            let options = crate::backend::gpu::GpuOptions { adapter, ..Default::default() };
+            let gpu = crate::backend::gpu::GpuBackend::new(options).await.map_err(|e| js_error(&e))?;
+            let stream = crate::model::stream::GgufStream::new(gpu, (len > 0.0).then_some(len as u64));
+            Ok(ModelStream { stream }.into())
+        })
+    }
+
+    /// The next piece of the file: each tensor it completes goes to the GPU now.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsValue> {
+        self.stream.push(chunk).map_err(|e| js_error(&e))
+    }
+}
+
+/// The largest integer a JS number holds exactly.
+#[cfg(feature = "gpu")]
+const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
 thread_local! {
     /// The message of the panic that stopped this wasm instance, if one did.
@@ -213,11 +255,34 @@ impl WasmEngine {
     /// Place the models. `opts`: {backend, draftBackend, context, specK, fanout, modes}
     /// (see pkg-config/index.d.ts). Resolves to a `WasmEngine`.
     pub fn load(target: ModelBuffer, draft: Option<ModelBuffer>, opts: JsValue) -> Promise {
+        Self::load_target(|_| Ok(Target::File(target.parse()?)), draft, opts)
+    }
+
+    /// Like [`WasmEngine::load`], with the target already streamed onto the GPU.
+    #[cfg(feature = "gpu")]
+    #[wasm_bindgen(js_name = loadStreamed)]
+    pub fn load_streamed(target: ModelStream, draft: Option<ModelBuffer>, opts: JsValue) -> Promise {
+        Self::load_target(
+            |opts| {
+                let streamed = target.stream.finish().map_err(|e| js_error(&e))?;
+                let placed = crate::engine::PlacedTarget::new(streamed, opts, |r| Box::new(r)).map_err(|e| js_error(&e))?;
+                Ok(Target::Placed(placed))
+            },
+            draft,
+            opts,
+        )
+    }
+
+    fn load_target(
+        target: impl FnOnce(&crate::engine::EngineOptions) -> Result<Target, JsValue> + 'static,
+        draft: Option<ModelBuffer>,
+        opts: JsValue,
+    ) -> Promise {
         install_panic_hook();
         future_to_promise(async move {
             let opts: LoadOpts = options::parse(opts)?;
             let engine_opts = opts.engine_options()?;
-            let target = target.parse()?;
+            let target = target(&engine_opts)?;
             let draft = draft.map(ModelBuffer::parse).transpose()?;
             let engine = Engine::with_target_wrapper(target, draft, &engine_opts, |lm| {
                 Box::new(channel::yielding(lm)) as BoxedLm
@@ -307,7 +372,8 @@ impl WasmEngine {
         }
     }
 
-    /// What was loaded: {targetBackend, draftDevice, hasDraft, defaultMode, vocabSize, contextLength}.
+    /// What was loaded: {targetBackend, draftDevice, hasDraft, defaultMode, vocabSize, contextLength,
+    /// wasmMemoryBytes}.
     pub fn info(&self) -> Result<JsValue, JsValue> {
         let attached = self.draft_device.borrow().clone();
         let info = self.engine.with(|engine| {
@@ -321,6 +387,7 @@ impl WasmEngine {
                 vocab_size: c.vocab_size,
                 context_length: c.context_length,
                 stop_texts: engine.tokenizer().eos_ids().iter().filter_map(|&id| engine.tokenizer().id_to_token(id)).collect(),
+                wasm_memory_bytes: core::arch::wasm32::memory_size(0) as f64 * 65536.0,
             }
         })?;
         to_js(&info)

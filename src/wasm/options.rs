@@ -236,4 +236,7 @@ pub struct EngineInfo {
     pub context_length: usize,
     /// The text of each token that ends generation (an OpenAI-style reply leaves it out).
     pub stop_texts: Vec<String>,
+    /// This instance's wasm memory: it only grows, so this is its peak so far (a target streamed
+    /// to the GPU never held whole in it).
+    pub wasm_memory_bytes: f64,
 }

@@ -87,6 +87,28 @@ pub(super) fn create(
     )
 }
 
+/// A new buffer of `size` bytes holding a weight's `bytes` (zeros after). In a browser through
+/// `writeBuffer`, which reads them from wasm memory where they lie: mapping the buffer would copy
+/// all of it into wasm memory first, doubling the peak of a model streamed to the GPU. Natively
+/// mapped at creation ([`upload`]), which needs no staging buffer.
+pub(super) fn upload_weight(device: &wgpu::Device, queue: &wgpu::Queue, bytes: &[u8], size: u64) -> Result<wgpu::Buffer> {
+    if cfg!(target_arch = "wasm32") {
+        debug_assert!(size >= bytes.len().next_multiple_of(4) as u64);
+        let buf = create(device, size, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST, false, "weight")?;
+        // Writes are whole words: the last partial one goes padded.
+        let whole = bytes.len() / 4 * 4;
+        queue.write_buffer(&buf, 0, &bytes[..whole]);
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            queue.write_buffer(&buf, whole as u64, &tail);
+        }
+        Ok(buf)
+    } else {
+        upload(device, bytes, size, wgpu::BufferUsages::STORAGE, "weight")
+    }
+}
+
 /// A new buffer of `size` bytes starting with `bytes` (zeros after: WebGPU zeroes new buffers),
 /// written while mapped at creation: no staging copy, and no ordering against recorded commands.
 pub(super) fn upload(

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::storage::quant::DType;
 use crate::storage::Weight as HostWeight;
 
-use super::buffers::upload;
+use super::buffers::{upload, upload_weight};
 use super::GpuBackend;
 
 /// A weight on the GPU; clones share the buffers.
@@ -136,7 +136,7 @@ impl GpuBackend {
                 let rows = per_part.min(w.rows - row0);
                 let bytes = &data[row0 * row_bytes as usize..(row0 + rows) * row_bytes as usize];
                 let size = (bytes.len() as u64).div_ceil(4) * 4 + 4;
-                let buf = upload(&self.device, bytes, size, wgpu::BufferUsages::STORAGE, "weight")?;
+                let buf = upload_weight(&self.device, &self.queue, bytes, size)?;
                 Ok(Part { buf, row0: row0 as u32, rows: rows as u32 })
             })
             .collect::<Result<Vec<_>>>()?;

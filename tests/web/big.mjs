@@ -1,0 +1,69 @@
+// A target larger than wasm32's 4 GiB of memory loads on WebGPU in Debian's Chromium (SwiftShader)
+// and gives the tokens the native engine gives: the package streams it to the GPU tensor by tensor
+// (src/model/stream.rs), so wasm memory never holds it. The model is a `saguaro synth` file of
+// Qwen 2.5 3B's shape in f16, 25 of its 36 layers: 4.2 GiB, random weights.
+// Usage: node tests/web/big.mjs [model.gguf]   (after scripts/build-web.sh and cargo build --release
+// --bin saguaro; with a model file, that file instead, e.g. to see the peak wasm memory of a real one)
+import { execFileSync, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, statSync } from 'node:fs';
+import { chromium } from 'playwright-core';
+import { check } from './golden.mjs';
+
+const GiB = 2 ** 30;
+let file = process.argv[2];
+const synthesized = !file;
+if (synthesized) {
+  const dir = 'target/web-big';
+  mkdirSync(dir, { recursive: true });
+  file = `${dir}/qwen3b-f16-25l.gguf`;
+  if (!existsSync(file)) {
+    execFileSync('target/release/saguaro', ['synth', '--shape', 'qwen2.5-3b', '--dtype', 'f16', '--layers', '25', '--out', file],
+      { stdio: 'inherit' });
+  }
+  check(statSync(file).size > 4 * GiB, `the model is larger than 4 GiB (${(statSync(file).size / GiB).toFixed(2)} GiB)`);
+}
+// Short: SwiftShader reads the whole 4.2 GiB of weights on the CPU for every token.
+const prompt = 'fox';
+const n = 2;
+// The native engine's greedy tokens on the CPU: what WebGPU must give.
+const native = JSON.parse(execFileSync('target/release/saguaro', ['generate', '--target', file, '--backend', 'cpu', '--mode', 'ar',
+  '--prompt', prompt, '--max-tokens', String(n), '--context', '64', '--json'], { maxBuffer: 1 << 24 }).toString());
+
+const port = 8000 + Math.floor(Math.random() * 1000);
+const server = spawn('node', ['scripts/serve.mjs', '.', String(port)], { stdio: ['ignore', 'pipe', 'inherit'] });
+await new Promise((resolve) => server.stdout.once('data', resolve));
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  args: ['--enable-unsafe-webgpu', '--no-sandbox', '--disable-background-networking', '--disable-component-update',
+    '--no-first-run', '--disable-sync'],
+});
+try {
+  const page = await browser.newPage();
+  page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
+  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
+  await page.goto(`http://127.0.0.1:${port}/www/`);
+  const r = await page.evaluate(async ([url, prompt, n]) => {
+    const { Saguaro } = await import('/pkg/index.js');
+    const t0 = performance.now();
+    const e = await Saguaro.load({ target: url }, { backend: 'gpu', modes: ['ar'], context: 64, cache: false });
+    const t1 = performance.now();
+    const g = await e.generate(prompt, { mode: 'ar', maxTokens: n });
+    const out = { info: e.info, tokens: g.tokens, loadS: (t1 - t0) / 1000, generateS: (performance.now() - t1) / 1000 };
+    await e.dispose();
+    return out;
+  }, [`/${file}`, prompt, n]);
+  const size = statSync(file).size;
+  console.log(`metrics: ${file} (${(size / GiB).toFixed(2)} GiB) loaded on ${r.info.targetBackend} in ${r.loadS.toFixed(0)} s ` +
+    `(${(size / 2 ** 20 / r.loadS).toFixed(0)} MiB/s); peak wasm memory ${(r.info.wasmMemoryBytes / 2 ** 20).toFixed(0)} MiB; ` +
+    `${n} tokens in ${r.generateS.toFixed(0)} s`);
+  check(/^gpu/.test(r.info.targetBackend), `the target is on WebGPU (${r.info.targetBackend})`);
+  check(JSON.stringify(r.tokens) === JSON.stringify(native.tokens),
+    `greedy tokens on WebGPU equal the native engine's (${JSON.stringify(r.tokens)} against ${JSON.stringify(native.tokens)})`);
+  if (synthesized) {
+    check(r.info.wasmMemoryBytes < GiB, `wasm memory stayed under 1 GiB while a ${(size / GiB).toFixed(2)} GiB model loaded`);
+  }
+  console.log('big: all passed');
+} finally {
+  await browser.close();
+  server.kill();
+}
