@@ -63,6 +63,7 @@ impl Device {
 
 /// The target as an engine takes it: a model file to place as the options say, or a model
 /// already on its device.
+#[allow(clippy::large_enum_variant, reason = "made once per engine and taken apart at once")]
 pub enum Target {
     File(ModelFile),
     Placed(PlacedTarget),
@@ -367,7 +368,7 @@ impl Engine {
         let wants = |m: Mode| opts.lookup.is_none() && (opts.modes.is_empty() || opts.modes.contains(&m));
         let mut target_lm = wrap(match (placed, &target_weights) {
             (Some(lm), _) => lm,
-            (None, Some(w)) => opts.target.runner(&w, target_context(&w.config, opts)).await?,
+            (None, Some(w)) => opts.target.runner(w, target_context(&w.config, opts)).await?,
             (None, None) => unreachable!("a target is a file or placed"),
         });
         let capacity = Self::capacity(target_lm.config(), opts);

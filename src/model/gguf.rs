@@ -84,7 +84,8 @@ pub struct Gguf {
     pub version: u32,
     pub metadata: HashMap<String, Value>,
     pub tensors: Vec<TensorInfo>,
-    data_start: u64,
+    /// Where the tensor data starts: the header's length, padded to the alignment.
+    pub data_start: u64,
 }
 
 /// Sane bounds beyond what the file's length allows, so that a small hostile file cannot make
@@ -225,11 +226,6 @@ impl Gguf {
             Err(_) if r.short => Ok(None),
             parsed => parsed.map(Some),
         }
-    }
-
-    /// Where the tensor data starts: the header's length, padded to the alignment.
-    pub fn data_start(&self) -> u64 {
-        self.data_start
     }
 }
 

@@ -618,7 +618,7 @@ mod tests {
         m.insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
         m.insert("tokenizer.ggml.tokens".into(), strings(&tokens));
         m.insert("tokenizer.ggml.merges".into(), strings(merges));
-        Gguf { version: 3, metadata: m, tensors: Vec::new() }
+        Gguf { version: 3, metadata: m, tensors: Vec::new(), data_start: 0 }
     }
 
     fn pieces(tok: &Tokenizer, text: &str) -> Vec<String> {
