@@ -4,9 +4,9 @@
 // Qwen 2.5 3B's shape in f16, 25 of its 36 layers: 4.2 GiB, random weights.
 // Usage: node tests/web/big.mjs [model.gguf]   (after scripts/build-web.sh and cargo build --release
 // --bin saguaro; with a model file, that file instead, e.g. to see the peak wasm memory of a real one)
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, statSync } from 'node:fs';
-import { chromium } from 'playwright-core';
+import { openDemoPage } from './browser.mjs';
 import { check } from './golden.mjs';
 
 const GiB = 2 ** 30;
@@ -29,19 +29,8 @@ const n = 2;
 const native = JSON.parse(execFileSync('target/release/saguaro', ['generate', '--target', file, '--backend', 'cpu', '--mode', 'ar',
   '--prompt', prompt, '--max-tokens', String(n), '--context', '64', '--json'], { maxBuffer: 1 << 24 }).toString());
 
-const port = 8000 + Math.floor(Math.random() * 1000);
-const server = spawn('node', ['scripts/serve.mjs', '.', String(port)], { stdio: ['ignore', 'pipe', 'inherit'] });
-await new Promise((resolve) => server.stdout.once('data', resolve));
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  args: ['--enable-unsafe-webgpu', '--no-sandbox', '--disable-background-networking', '--disable-component-update',
-    '--no-first-run', '--disable-sync'],
-});
+const { page, close } = await openDemoPage();
 try {
-  const page = await browser.newPage();
-  page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
-  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
-  await page.goto(`http://127.0.0.1:${port}/www/`);
   const r = await page.evaluate(async ([url, prompt, n]) => {
     const { Saguaro } = await import('/pkg/index.js');
     const t0 = performance.now();
@@ -64,6 +53,5 @@ try {
   }
   console.log('big: all passed');
 } finally {
-  await browser.close();
-  server.kill();
+  await close();
 }

@@ -7,9 +7,9 @@
 // Greedy SD and SSD equal AR on the target on WebGPU and on the CPU; sampled SSD repeats itself
 // with a seed; the draft's speculation overlaps the target's verification.
 // Usage: node tests/web/gpu.mjs   (after scripts/build-web.sh and cargo build --release --bin saguaro)
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
-import { chromium } from 'playwright-core';
+import { openDemoPage } from './browser.mjs';
 import { check } from './golden.mjs';
 
 const dir = 'target/web-gpu-models';
@@ -17,22 +17,11 @@ mkdirSync(dir, { recursive: true });
 for (const [name, dtype] of [['target', 'q8_0'], ['draft', 'q4_0']]) {
   execFileSync('target/release/saguaro', ['synth', '--shape', 'tiny', '--dtype', dtype, '--out', `${dir}/${name}.gguf`]);
 }
-const port = 8000 + Math.floor(Math.random() * 1000);
-const server = spawn('node', ['scripts/serve.mjs', '.', String(port)], { stdio: ['ignore', 'pipe', 'inherit'] });
-await new Promise((resolve) => server.stdout.once('data', resolve));
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-  args: ['--enable-unsafe-webgpu', '--no-sandbox', '--disable-background-networking', '--disable-component-update',
-    '--no-first-run', '--disable-sync'],
-});
+const { page, close } = await openDemoPage();
 const prompts = ['The quick brown fox', 'def main():\n    print('];
 const n = 16;
 
 try {
-  const page = await browser.newPage();
-  page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
-  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
-  await page.goto(`http://127.0.0.1:${port}/www/`);
   for (const backend of ['gpu', 'cpu']) {
     const r = await page.evaluate(async ([dir, prompts, backend, n]) => {
       const { Saguaro } = await import('/pkg/index.js');
@@ -73,6 +62,5 @@ try {
   }
   console.log('gpu: all passed');
 } finally {
-  await browser.close();
-  server.kill();
+  await close();
 }
