@@ -12,6 +12,8 @@ use saguaro::backend::{Backend, Batch};
 use saguaro::model::load::from_gguf;
 use saguaro::model::runner::{Lm, Runner};
 use saguaro::model::stream::GgufStream;
+use saguaro::model::synth::{shape, Quant, Synth};
+use saguaro::storage::quant::DType;
 use saguaro::model::transformer::Transformer;
 use std::sync::Arc;
 use util::families::{family_gguf, FAMILIES};
@@ -95,10 +97,17 @@ fn short_long_and_corrupt_streams_are_errors() {
     assert!(e.contains("longer than its announced"), "{e}");
     let e = finish(n, 2 * n as u64);
     assert!(e.contains("truncated") && e.contains("after its last tensor"), "{e}");
-    // Without an announced length the end is found by what arrived.
+    // Without an announced length the end is what arrived: a whole file smaller than the first
+    // try of its header loads, a short one is refused.
     let mut s = GgufStream::new(cpu(), None);
     s.push(&bytes[..n - 1]).unwrap();
     assert!(s.finish().is_err());
+    let tiny = Synth { shape: shape("tiny").unwrap(), quant: Quant::All(DType::Q4_0), layers: Some(1), seed: 1 };
+    let small = tiny.model().unwrap().build();
+    assert!(small.len() < 1 << 20, "{} bytes", small.len());
+    let mut s = GgufStream::new(cpu(), None);
+    s.push(&small).unwrap();
+    s.finish().unwrap();
 
     let mut bad = bytes.clone();
     bad[0] = b'X';

@@ -144,7 +144,14 @@ impl<B: Backend> GgufStream<B> {
     }
 
     /// The model, once every tensor it uses has arrived.
-    pub fn finish(self) -> Result<StreamedModel<B>> {
+    pub fn finish(mut self) -> Result<StreamedModel<B>> {
+        // A file of no announced length that ended before the header was tried: it is all here.
+        if let (None, State::Header { bytes, .. }) = (self.file_len, &mut self.state) {
+            let bytes = std::mem::take(bytes);
+            let mut t = Box::new(Tensors::plan(Gguf::parse(&bytes)?)?);
+            t.feed(&self.backend, 0, &bytes)?;
+            self.state = State::Tensors(t);
+        }
         let truncated = |what: &str| {
             let of = self.file_len.map_or(String::new(), |len| format!(" of {len}"));
             Error::invalid_model(format!("the model file is truncated: {} bytes{of} arrived, {what}", self.pos))
