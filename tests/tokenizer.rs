@@ -262,7 +262,7 @@ fn gemma_gguf() -> &'static Gguf {
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}: run scripts/fetch-models.sh", path.display()));
         let g = Gguf::parse(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         // Only the metadata is needed.
-        Gguf { version: g.version, metadata: g.metadata, tensors: Vec::new() }
+        Gguf { version: g.version, metadata: g.metadata, tensors: Vec::new(), data_start: 0 }
     })
 }
 
@@ -433,7 +433,7 @@ fn small_spm(space_prefix: bool) -> Gguf {
     m.insert("tokenizer.ggml.eos_token_id".into(), Value::U32(2));
     m.insert("tokenizer.ggml.unknown_token_id".into(), Value::U32(0));
     m.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(space_prefix));
-    Gguf { version: 3, metadata: m, tensors: Vec::new() }
+    Gguf { version: 3, metadata: m, tensors: Vec::new(), data_start: 0 }
 }
 
 /// `add_space_prefix` (Llama 2, Mistral): a space goes before each stretch of text, at the start
