@@ -532,6 +532,44 @@ fn attention_windowed_and_scaled<B: Backend>(b: &B, _: &Tol) {
     tree_step(b, AttnShape { window: Some(8), ..AttnShape::new(4, 2, 64) }, 66);
 }
 
+/// On the CPU a verification's attention rows have the bits of the decodes they stand for, on any
+/// number of threads (which changes how the heads of a group are split into jobs): greedy SD is
+/// lossless only if the target's logits for a token do not depend on its batch. Groups of 1, 6, 7
+/// and 10 heads per KV head (the last more than one job takes), head sizes with and without a tail
+/// past whole 8-lane vectors.
+#[test]
+fn cpu_attention_rows_get_the_same_bits_in_any_batch() {
+    for (i, shape) in [AttnShape::new(12, 2, 64), AttnShape::new(7, 1, 36), AttnShape::new(10, 1, 20), AttnShape::new(3, 3, 80)]
+        .into_iter()
+        .enumerate()
+    {
+        let (qd, kvd) = (shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim);
+        let mut rng = TestRng::new(90 + i as u64);
+        let (prefix, m) = (40, 5);
+        let pre: [Vec<f32>; 3] = [rng.vec(prefix * qd), rng.vec(prefix * kvd), rng.vec(prefix * kvd)];
+        let (q, k, v) = (rng.vec(m * qd), rng.vec(m * kvd), rng.vec(m * kvd));
+        let attend = |b: &CpuBackend, rows: std::ops::Range<usize>, cache: &mut _| {
+            let n = rows.len();
+            let (q, k, v) = (&q[rows.start * qd..rows.end * qd], &k[rows.start * kvd..rows.end * kvd], &v[rows.start * kvd..rows.end * kvd]);
+            let batch = Batch::causal(&vec![0; n], prefix + rows.start);
+            read(b, &b.attention(&up(b, n, qd, q), &up(b, n, kvd, k), &up(b, n, kvd, v), cache, 0, &batch, shape).unwrap())
+        };
+        let mut outs = vec![];
+        for threads in [1, 2, 3] {
+            let b = CpuBackend::new(threads).unwrap();
+            let mut cache = b.new_cache(1, 64, kvd).unwrap();
+            let [pq, pk, pv] = &pre;
+            let batch = Batch::causal(&vec![0; prefix], 0);
+            b.attention(&up(&b, prefix, qd, pq), &up(&b, prefix, kvd, pk), &up(&b, prefix, kvd, pv), &mut cache, 0, &batch, shape).unwrap();
+            let verified = attend(&b, 0..m, &mut cache);
+            let decoded: Vec<f32> = (0..m).flat_map(|r| attend(&b, r..r + 1, &mut cache)).collect();
+            assert!(verified.iter().zip(&decoded).all(|(a, b)| a.to_bits() == b.to_bits()), "{shape:?}, {threads} threads: a batch of {m} against {m} decodes");
+            outs.push(verified);
+        }
+        assert!(outs.windows(2).all(|w| w[0] == w[1]), "{shape:?}: the bits depend on the thread count");
+    }
+}
+
 /// The largest entries of rows as long as a vocabulary (several passes of the GPU's chunks), with
 /// ties, NaN, -0 and -inf among them, against the host's selection: the same columns in the same
 /// order, the same values, the value at an asked-for column; the log-sum-exp against the host's.

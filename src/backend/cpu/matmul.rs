@@ -340,20 +340,8 @@ fn run_parts(pool: &Pool, parts: &[Part]) {
 
 /// Whether the best kernel set runs AVX2.
 #[cfg(target_arch = "x86_64")]
-fn avx2() -> bool {
+pub(super) fn avx2() -> bool {
     KernelSet::best().avx2()
-}
-
-/// `y += a * x` for two f32 slices of equal length.
-pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    #[allow(unused_mut)]
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: AVX2, FMA and F16C were detected.
-        done = unsafe { kernels::x86::float::axpy(y, a, x) };
-    }
-    y[done..].iter_mut().zip(&x[done..]).for_each(|(y, x)| *y += a * x);
 }
 
 /// `out = act(g) * u`, elementwise over slices of equal length, with `act` given by its
@@ -370,20 +358,3 @@ pub(crate) fn gated_mul(g: &[f32], u: &[f32], out: &mut [f32], (a, b): (f32, f32
     rest.for_each(|(o, (g, u))| *o = g / (1.0 + (-(g * (a + b * g * g))).exp()) * u);
 }
 
-/// `dot(a, b)` of two f32 slices of equal length.
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: AVX2, FMA and F16C were detected.
-        return unsafe { kernels::x86::float::dot(a, b) };
-    }
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}

@@ -1,6 +1,7 @@
 //! The CPU backend: the reference every other backend is tested against, and the fallback where
 //! there is no GPU (natively multi-threaded; single-threaded wasm in the browser).
 
+mod attention;
 mod kernels;
 mod matmul;
 pub(crate) mod pool;
@@ -232,33 +233,7 @@ impl Backend for CpuBackend {
             kc[at..at + kv_dim].copy_from_slice(k.row(r));
             vc[at..at + kv_dim].copy_from_slice(v.row(r));
         }
-        let (kc, vc) = (&*kc, &*vc);
-        let hd = s.head_dim;
-        let group = s.n_heads / s.n_kv_heads;
-        let scale = s.scale;
-        let mut out = vec![0.0; q.rows * q.cols];
-        let out_ptr = SharedMut(out.as_mut_ptr());
-        self.pool.for_each(q.rows * s.n_heads, |job| {
-            let out_ptr = out_ptr;
-            let (r, h) = (job / s.n_heads, job % s.n_heads);
-            let kvo = (h / group) * hd;
-            let qh = &q.row(r)[h * hd..(h + 1) * hd];
-            let slots: Vec<usize> = batch.attended(r, s.window).collect();
-            let mut scores: Vec<f32> =
-                slots.iter().map(|&t| matmul::dot(qh, &kc[t * kv_dim + kvo..t * kv_dim + kvo + hd]) * scale).collect();
-            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            scores.iter_mut().for_each(|x| {
-                *x = (*x - max).exp();
-                sum += *x;
-            });
-            // SAFETY: job (r, h) alone writes this head's hd outputs of row r.
-            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(r * q.cols + h * hd), hd) };
-            for (&t, &p) in slots.iter().zip(&scores) {
-                matmul::axpy(o, p / sum, &vc[t * kv_dim + kvo..t * kv_dim + kvo + hd]);
-            }
-        });
-        Ok(Tensor::new(q.rows, q.cols, out))
+        Ok(attention::attend(&self.pool, q, kc, vc, kv_dim, batch, s))
     }
 
     fn glu(&self, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {

@@ -39,28 +39,61 @@ unsafe fn float_rows<F: Float, const R: usize>(w: &[u8], x: &[f32], out: &mut [f
     }
 }
 
-/// `dot(a, b)` of two f32 slices of equal length.
+/// The dots of `R` query rows (`q`, back to back) with the key of each of `slots` (key `t` is
+/// `k[t * stride..]`, as long as a query row): `out[i * slots.len() + j]` for query `i` and slot
+/// `j`. The queries' sums run side by side, each in its own register, so one key load serves them
+/// all and no sum waits on the one before; each is still summed as a lone one would be, so a
+/// row's scores do not depend on how many rows shared its keys.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut out = [0.0];
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    // SAFETY: a is n f32 in bytes, and b holds n values for the one row.
-    unsafe { float_rows::<F32, 1>(std::slice::from_raw_parts(a.as_ptr() as *const u8, 4 * n), b, &mut out) };
-    out[0]
+pub(crate) unsafe fn key_dots<const R: usize>(q: &[f32], k: &[f32], stride: usize, slots: &[usize], out: &mut [f32]) {
+    let hd = q.len() / R;
+    let main = hd / 8 * 8;
+    let n = slots.len();
+    assert!(out.len() == R * n && slots.iter().all(|&t| t * stride + hd <= k.len()));
+    for (j, &t) in slots.iter().enumerate() {
+        let key = &k[t * stride..t * stride + hd];
+        let mut acc = [_mm256_setzero_ps(); R];
+        for c in (0..main).step_by(8) {
+            // SAFETY: c + 8 <= main <= hd, within the key and each query row.
+            unsafe {
+                let kv = _mm256_loadu_ps(key.as_ptr().add(c));
+                for i in 0..R {
+                    acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i * hd + c)), kv, acc[i]);
+                }
+            }
+        }
+        for i in 0..R {
+            let tail: f32 = (main..hd).map(|d| q[i * hd + d] * key[d]).sum();
+            out[i * n + j] = hsum(acc[i]) + tail;
+        }
+    }
 }
 
-/// `y += a * x` over the common length's whole 8-lane vectors; returns how many values that was,
-/// leaving the rest to the caller.
+/// `out[i]`, the `i`-th of `R` rows back to back, plus the values of `slots` (value `t` is
+/// `v[t * stride..]`, as long as a row) weighted by `w[i * slots.len() + j]`, added slot after slot;
+/// over the common length's whole 8-lane vectors; returns how many values of a row that was,
+/// leaving the rest to the caller. Each 8 lanes of every row gather in registers over all the
+/// slots, where adding one slot at a time to `out` would load and store it per slot.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) -> usize {
-    let main = y.len().min(x.len()) / 8 * 8;
-    let av = _mm256_set1_ps(a);
-    for j in (0..main).step_by(8) {
-        // SAFETY: j + 8 <= main, within both slices.
+pub(crate) unsafe fn weighted_values<const R: usize>(w: &[f32], v: &[f32], stride: usize, slots: &[usize], out: &mut [f32]) -> usize {
+    let hd = out.len() / R;
+    let main = hd / 8 * 8;
+    let n = slots.len();
+    assert!(w.len() == R * n && slots.iter().all(|&t| t * stride + hd <= v.len()));
+    for c in (0..main).step_by(8) {
+        // SAFETY: c + 8 <= main <= hd, within each row of out and each value; i * n + j < R * n.
         unsafe {
-            let yp = y.as_mut_ptr().add(j);
-            _mm256_storeu_ps(yp, _mm256_fmadd_ps(av, _mm256_loadu_ps(x.as_ptr().add(j)), _mm256_loadu_ps(yp)));
+            let o = out.as_mut_ptr().add(c);
+            let mut acc: [__m256; R] = std::array::from_fn(|i| _mm256_loadu_ps(o.add(i * hd)));
+            for (j, &t) in slots.iter().enumerate() {
+                let x = _mm256_loadu_ps(v.as_ptr().add(t * stride + c));
+                for i in 0..R {
+                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(*w.get_unchecked(i * n + j)), x, acc[i]);
+                }
+            }
+            for i in 0..R {
+                _mm256_storeu_ps(o.add(i * hd), acc[i]);
+            }
         }
     }
     main
