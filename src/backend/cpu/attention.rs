@@ -32,16 +32,7 @@ pub(super) fn attend(pool: &Pool, q: &Tensor, kc: &[f32], vc: &[f32], kv_dim: us
         let n = slots.len();
         let mut w = vec![0.0; heads * n];
         key_dots(&q.row(r)[h0 * hd..(h0 + heads) * hd], &kc[kvo..], kv_dim, &slots, &mut w);
-        for w in w.chunks_exact_mut(n.max(1)) {
-            w.iter_mut().for_each(|x| *x *= s.scale);
-            let max = w.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            w.iter_mut().for_each(|x| {
-                *x = (*x - max).exp();
-                sum += *x;
-            });
-            w.iter_mut().for_each(|x| *x /= sum);
-        }
+        softmax_rows(&mut w, n, s.scale);
         // SAFETY: job (r, kvh, split) alone writes heads h0..h0 + heads of row r.
         let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(r * q.cols + h0 * hd), heads * hd) };
         weighted_values(&w, &vc[kvo..], kv_dim, &slots, o);
@@ -91,6 +82,25 @@ fn weighted_values(w: &[f32], v: &[f32], stride: usize, slots: &[usize], out: &m
             let a = w[i * slots.len() + j];
             o[done..].iter_mut().zip(&v[t * stride + done..t * stride + hd]).for_each(|(y, x)| *y += a * x);
         }
+    }
+}
+
+/// Each row of `w` (rows of `n`) times `scale`, turned into softmax weights.
+fn softmax_rows(w: &mut [f32], n: usize, scale: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if super::matmul::avx2() {
+        // SAFETY: AVX2, FMA and F16C were detected.
+        return unsafe { super::kernels::x86::float::softmax_rows(w, n, scale) };
+    }
+    for w in w.chunks_exact_mut(n.max(1)) {
+        w.iter_mut().for_each(|x| *x *= scale);
+        let max = w.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        w.iter_mut().for_each(|x| {
+            *x = (*x - max).exp();
+            sum += *x;
+        });
+        w.iter_mut().for_each(|x| *x /= sum);
     }
 }
 

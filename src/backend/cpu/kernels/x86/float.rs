@@ -72,31 +72,88 @@ pub(crate) unsafe fn key_dots<const R: usize>(q: &[f32], k: &[f32], stride: usiz
 /// `out[i]`, the `i`-th of `R` rows back to back, plus the values of `slots` (value `t` is
 /// `v[t * stride..]`, as long as a row) weighted by `w[i * slots.len() + j]`, added slot after slot;
 /// over the common length's whole 8-lane vectors; returns how many values of a row that was,
-/// leaving the rest to the caller. Each 8 lanes of every row gather in registers over all the
-/// slots, where adding one slot at a time to `out` would load and store it per slot.
+/// leaving the rest to the caller. Two vectors of every row gather in registers over all the slots
+/// (one where more rows leave too few registers), where adding one slot at a time to `out` would
+/// load and store them per slot.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn weighted_values<const R: usize>(w: &[f32], v: &[f32], stride: usize, slots: &[usize], out: &mut [f32]) -> usize {
     let hd = out.len() / R;
     let main = hd / 8 * 8;
     let n = slots.len();
     assert!(w.len() == R * n && slots.iter().all(|&t| t * stride + hd <= v.len()));
-    for c in (0..main).step_by(8) {
-        // SAFETY: c + 8 <= main <= hd, within each row of out and each value; i * n + j < R * n.
+    let wide = if R <= 6 { 16 } else { 8 };
+    let mut c = 0;
+    while c < main {
+        let vectors = if c + wide <= main { wide / 8 } else { 1 };
+        // SAFETY: c + 8 * vectors <= main <= hd, within each row of out and each value; i * n + j < R * n.
         unsafe {
             let o = out.as_mut_ptr().add(c);
-            let mut acc: [__m256; R] = std::array::from_fn(|i| _mm256_loadu_ps(o.add(i * hd)));
+            let mut acc: [[__m256; R]; 2] = std::array::from_fn(|u| {
+                std::array::from_fn(|i| if u < vectors { _mm256_loadu_ps(o.add(i * hd + 8 * u)) } else { _mm256_setzero_ps() })
+            });
             for (j, &t) in slots.iter().enumerate() {
-                let x = _mm256_loadu_ps(v.as_ptr().add(t * stride + c));
+                let x = v.as_ptr().add(t * stride + c);
+                let x = [_mm256_loadu_ps(x), if vectors == 2 { _mm256_loadu_ps(x.add(8)) } else { _mm256_setzero_ps() }];
                 for i in 0..R {
-                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(*w.get_unchecked(i * n + j)), x, acc[i]);
+                    let a = _mm256_set1_ps(*w.get_unchecked(i * n + j));
+                    for u in 0..vectors {
+                        acc[u][i] = _mm256_fmadd_ps(a, x[u], acc[u][i]);
+                    }
                 }
             }
-            for i in 0..R {
-                _mm256_storeu_ps(o.add(i * hd), acc[i]);
+            for u in 0..vectors {
+                for i in 0..R {
+                    _mm256_storeu_ps(o.add(i * hd + 8 * u), acc[u][i]);
+                }
             }
         }
+        c += 8 * vectors;
     }
     main
+}
+
+/// Each row of `w` (rows of `n`) times `scale`, turned into softmax weights: `e^(x - max) / Σ`.
+/// The exponentials eight at a time ([`exp8`]) where a call of the C library's per value cost
+/// more than the rest of the attention of a slot.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn softmax_rows(w: &mut [f32], n: usize, scale: f32) {
+    let main = n / 8 * 8;
+    let sv = _mm256_set1_ps(scale);
+    for row in w.chunks_exact_mut(n.max(1)) {
+        // SAFETY: every vector lies in 0..main <= n, within the row; the tail's in `last`. The
+        // pointer is taken afresh after each use of `row` itself.
+        unsafe {
+            let p = row.as_mut_ptr();
+            let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+            for c in (0..main).step_by(8) {
+                let x = _mm256_mul_ps(_mm256_loadu_ps(p.add(c)), sv);
+                _mm256_storeu_ps(p.add(c), x);
+                mv = _mm256_max_ps(mv, x);
+            }
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
+            row[main..].iter_mut().for_each(|x| *x *= scale);
+            let max = lanes.iter().chain(&row[main..]).cloned().fold(f32::NEG_INFINITY, f32::max);
+            let (maxv, mut sum) = (_mm256_set1_ps(max), _mm256_setzero_ps());
+            let p = row.as_mut_ptr();
+            for c in (0..main).step_by(8) {
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(c)), maxv));
+                _mm256_storeu_ps(p.add(c), e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            let mut last = [f32::NEG_INFINITY; 8];
+            last[..n - main].copy_from_slice(&row[main..]);
+            _mm256_storeu_ps(last.as_mut_ptr(), exp8(_mm256_sub_ps(_mm256_loadu_ps(last.as_ptr()), maxv)));
+            row[main..].copy_from_slice(&last[..n - main]);
+            let total = row[main..].iter().fold(hsum(sum), |s, x| s + x);
+            let inv = _mm256_set1_ps(1.0 / total);
+            let p = row.as_mut_ptr();
+            for c in (0..main).step_by(8) {
+                _mm256_storeu_ps(p.add(c), _mm256_mul_ps(_mm256_loadu_ps(p.add(c)), inv));
+            }
+            row[main..].iter_mut().for_each(|x| *x /= total);
+        }
+    }
 }
 
 /// `e^x` for eight lanes, to within a few ulp of f32 for `x` in [-87, 88] (clamped there, which
