@@ -618,6 +618,12 @@ fn bad_shapes_are_errors<B: Backend>(b: &B, _: &Tol) {
     let (q, kv) = (up(b, 2, 16, &[0.0; 32]), up(b, 2, 8, &[0.0; 16]));
     let r = b.attention(&q, &kv, &kv, &mut cache, 0, &Batch::causal(&[0, 0], 3), shape);
     assert!(matches!(r, Err(Error::ContextOverflow { .. })), "{}: attention past the cache", b.name());
+    // Heads that do not match the cache's KV width, or do not share KV heads evenly.
+    for (heads, kv_heads, hd) in [(2, 0, 8), (3, 2, 4), (4, 2, 8)] {
+        let (q, kv) = (up(b, 1, heads * hd, &vec![0.0; heads * hd]), up(b, 1, 8, &[0.0; 8]));
+        let r = b.attention(&q, &kv, &kv, &mut cache, 0, &Batch::causal(&[0], 0), AttnShape::new(heads, kv_heads, hd));
+        invalid(r.map(drop), &format!("attention of {heads} heads over {kv_heads} KV heads of {hd}"));
+    }
 }
 
 /// The GPU backend with a 4 KiB binding cap splits these weights into 10-40 parts whose rows start

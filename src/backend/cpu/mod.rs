@@ -216,7 +216,13 @@ impl Backend for CpuBackend {
     ) -> Result<Tensor> {
         let kv_dim = cache.kv_dim;
         shape_check(
-            k.cols == kv_dim && v.cols == kv_dim && q.cols == s.n_heads * s.head_dim && q.rows == batch.len(),
+            k.cols == kv_dim
+                && v.cols == kv_dim
+                && q.cols == s.n_heads * s.head_dim
+                && q.rows == batch.len()
+                && s.n_kv_heads * s.head_dim == kv_dim
+                && s.n_kv_heads > 0
+                && s.n_heads.is_multiple_of(s.n_kv_heads),
             "attention",
         )?;
         let extent = batch.slot_extent();
