@@ -43,6 +43,24 @@ def kernels(k, peak):
         print(f"{dtype:<6} {f'{n}x{kk}':>13} " + " ".join(cells))
 
 
+def attention(res):
+    """The attention kernel's time per call by rows, its walk split (128 slots per part) and not."""
+    times = {}
+    for split in (128, 0):
+        try:
+            with open(os.path.join(res, f"attention-{split}.json")) as f:
+                first = json.loads(f.readline())
+        except (OSError, ValueError):
+            continue
+        for r in first["kernels"]:
+            if r["kernel"] == "attention":
+                times.setdefault(r["shape"], {})[split] = r["ms"]
+    if times:
+        print("\nattention, ms per call: split into 128-slot parts / unsplit")
+        for shape, t in times.items():
+            print(f"{shape:<40} {cell(t.get(128), 8, '.3f')} {cell(t.get(0), 8, '.3f')}")
+
+
 def bench(name, b):
     """Each mode's speed and what its round costs: ms per round is tokens per round over tokens/s."""
     print(f"\n{name}: one target decode {b['decode_ms'] or 0:.2f} ms; greedy outputs agree: {b['outputs_agree']}")
@@ -65,6 +83,7 @@ def main():
         runs = []
     for k in runs:
         kernels(k, peak)
+    attention(res)
     for name in BENCHES:
         b = load(res, name)
         if b:

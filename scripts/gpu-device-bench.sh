@@ -3,6 +3,8 @@
 # synthesized models of Qwen 2.5 1.5B's shape (`saguaro synth`, random weights), then
 #   - the matmul of each weight type at M = 1, 5 and 16 rows (decode, K+1 verification, SSD tree
 #     step) at the 1.5B's FFN and output-head shapes, its GB/s as a share of the memory's peak;
+#   - attention over 4,096 cached tokens at 1 and 5 rows, its walk split into 128-slot parts (the
+#     default on a GPU) and unsplit (one workgroup per KV head);
 #   - AR decoding of the Q4_K_M and the Q8_0 file (tokens/s);
 #   - AR, SD and SSD with the model as its own draft, the draft on the GPU and on the CPU, and with
 #     a 0.5B-shape draft (the real pair's shapes: random models accept nothing, so only the cost
@@ -144,6 +146,12 @@ main() {
     --reps "$reps" --working-set-mb "$working_set" --peak-gbs "$peak" --json)
   echo "saguaro ${kernels[*]}"
   step kernels 300 "$bin" "${kernels[@]}" >"$res/kernels.json"
+
+  section "attention over 4,096 cached tokens, split into 128-slot parts and unsplit"
+  for split in 128 0; do
+    step "attention-split-$split" 120 "$bin" bench-kernels "${gpu[@]}" --model "$model" --rows 1,5 --dtypes q8_0 \
+      --working-set-mb 0 --reps "$reps" --context 4096 --attention-split "$split" --json >"$res/attention-$split.json"
+  done
 
   section "decode (AR) and speculation with a self-draft"
   modes=(--modes ar,sd,ssd)

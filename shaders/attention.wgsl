@@ -4,6 +4,13 @@
 //   [2m, 3m)                  start[r]: ... from this one on (0, or a sliding window's first)
 //   [3m, 3m + m * stride)     extra[r * stride ..]: further slots row r attends (NO_SLOT = padding)
 // uploaded once per forward and shared by all layers.
+//
+// A small batch's walk over the cache may be split into parts of `split` entries, each its own
+// workgroup, so that a decode at a long context keeps more than a few of a GPU's cores busy: each
+// part leaves its running maximum, sum and unnormalized output in `out`, and `combine` merges the
+// parts. The parts are cut at the same entries whatever the batch, so a verification's rows get
+// the bits of the decodes they stand for: an entry a row does not attend adds exactly zero, and a
+// part with none of its entries merges with weight zero.
 
 struct Params {
     m: u32,
@@ -14,6 +21,9 @@ struct Params {
     kv_dim: u32,
     stride: u32,
     scale: f32,
+    // Entries of the walk per part (a multiple of WG), and the parts each block's walk is cut into.
+    split: u32,
+    splits: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -23,7 +33,9 @@ struct Params {
 @group(0) @binding(4) var<storage, read> batch_meta: array<u32>;
 @group(0) @binding(5) var<storage, read_write> kc: array<f32>;
 @group(0) @binding(6) var<storage, read_write> vc: array<f32>;
+// The output, or with several parts, each part's [output (head_dim), maximum, sum] per query.
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
+@group(0) @binding(8) var<storage, read> parts: array<f32>;
 
 const NO_SLOT: u32 = 0xffffffffu;
 const WG: u32 = 64u;
@@ -78,7 +90,7 @@ fn attends(r: u32, j: u32, lo: u32, r0: u32) -> bool {
     return r == r0 + (j - n_prefix) / max(p.stride, 1u);
 }
 
-// One workgroup per (KV head, block of QMAX queries: consecutive rows x the head's query heads),
+// One workgroup per (KV head, block of QMAX queries: consecutive rows x the head's query heads, part),
 // so that every K and V row a block attends is read once for all its queries. The slots are
 // visited WG at a time: each thread scores one slot against every query and, once every thread
 // has moved the queries' running maxima, turns its scores into weights; then every thread folds
@@ -91,7 +103,8 @@ fn attend(
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     let blocks = (p.m * p.group + QMAX - 1u) / QMAX;
-    let g = wid.x + wid.y * nwg.x;
+    let g = (wid.x + wid.y * nwg.x) / p.splits;
+    let part = (wid.x + wid.y * nwg.x) % p.splits;
     let kvh = g / blocks;
     if (kvh >= p.n_heads / p.group) {
         return;
@@ -120,6 +133,8 @@ fn attend(
     let bounds = workgroupUniformLoad(&span);
     let lo = bounds.x;
     let n = (bounds.y - lo) + (r1 - r0 + 1u) * p.stride;
+    let first = part * p.split;
+    let to = min(n, first + p.split);
 
     var run_max: array<f32, QMAX>;
     var sum: array<f32, QMAX>;
@@ -127,12 +142,12 @@ fn attend(
     for (var i = 0u; i < QMAX; i++) {
         run_max[i] = NEG;
     }
-    for (var c0 = 0u; c0 < n; c0 += WG) {
+    for (var c0 = first; c0 < to; c0 += WG) {
         let j = c0 + t;
         var slot = NO_SLOT;
         if (j < bounds.y - lo) {
             slot = lo + j;
-        } else if (j < n) {
+        } else if (j < to) {
             let e = j - (bounds.y - lo);
             slot = batch_meta[3u * p.m + r0 * p.stride + e];
         }
@@ -149,7 +164,7 @@ fn attend(
             }
         }
         for (var i = 0u; i < nq; i++) {
-            scores[i * WG + t] = select(NEG, dots[i] * p.scale, j < n && attends(query_row(b, i), j, lo, r0));
+            scores[i * WG + t] = select(NEG, dots[i] * p.scale, j < to && attends(query_row(b, i), j, lo, r0));
         }
         workgroupBarrier();
         for (var i = 0u; i < nq; i++) {
@@ -173,7 +188,7 @@ fn attend(
         workgroupBarrier();
         for (var u = 0u; u < WG; u++) {
             let su = slots[u];
-            if (su == NO_SLOT || c0 + u >= n) {
+            if (su == NO_SLOT || c0 + u >= to) {
                 continue;
             }
             let vb = su * p.kv_dim + kv_off;
@@ -196,12 +211,51 @@ fn attend(
         workgroupBarrier();
     }
     for (var i = 0u; i < nq; i++) {
-        let q_off = (query_row(b, i) * p.n_heads + kvh * p.group + (b * QMAX + i) % p.group) * hd;
+        let query = query_row(b, i) * p.n_heads + kvh * p.group + (b * QMAX + i) % p.group;
+        let at = (query * p.splits + part) * (hd + 2u);
         for (var dd = 0u; dd < MAX_DIMS; dd++) {
             let d = t + dd * WG;
             if (d < hd) {
-                out[q_off + d] = select(0.0, acc[i][dd] / sum[i], sum[i] > 0.0);
+                if (p.splits == 1u) {
+                    out[query * hd + d] = select(0.0, acc[i][dd] / sum[i], sum[i] > 0.0);
+                } else {
+                    out[at + d] = acc[i][dd];
+                }
             }
         }
+        if (p.splits > 1u && t == 0u) {
+            out[at + hd] = run_max[i];
+            out[at + hd + 1u] = sum[i];
+        }
     }
+}
+
+// Merges the parts of a split walk; one thread per output value. A lone part's weight is
+// exp(0) = 1, so a row whose slots all fall in one part gets the bits of an unsplit walk.
+@compute @workgroup_size(64)
+fn combine(
+    @builtin(local_invocation_index) t: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let i = (wid.x + wid.y * nwg.x) * 64u + t;
+    let hd = p.head_dim;
+    if (i >= p.m * p.n_heads * hd) {
+        return;
+    }
+    let stride = hd + 2u;
+    let base = (i / hd) * p.splits * stride;
+    var top = NEG;
+    for (var s = 0u; s < p.splits; s++) {
+        top = max(top, parts[base + s * stride + hd]);
+    }
+    var sum = 0.0;
+    var acc = 0.0;
+    for (var s = 0u; s < p.splits; s++) {
+        let at = base + s * stride;
+        let w = exp(parts[at + hd] - top);
+        sum += w * parts[at + hd + 1u];
+        acc += w * parts[at + i % hd];
+    }
+    out[i] = select(0.0, acc / sum, sum > 0.0);
 }

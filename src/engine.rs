@@ -32,8 +32,8 @@ pub enum Device {
     /// CPU threads (0 = all cores; in wasm the calling thread only).
     Cpu { threads: usize, precision: Precision },
     /// The GPU through wgpu (WebGPU in the browser): the adapter whose name contains `adapter`,
-    /// or the preferred one.
-    Gpu { adapter: Option<String> },
+    /// or the preferred one; `attention_split` as in `GpuOptions` (`None`: by adapter).
+    Gpu { adapter: Option<String>, attention_split: Option<usize> },
 }
 
 impl Device {
@@ -50,9 +50,10 @@ impl Device {
                 Ok(Box::new(Runner::new(Transformer::new(cpu, w)?, capacity)?))
             }
             #[cfg(feature = "gpu")]
-            Device::Gpu { adapter } => {
+            Device::Gpu { adapter, attention_split } => {
                 use crate::backend::gpu::{GpuBackend, GpuOptions};
-                let gpu = GpuBackend::new(GpuOptions { adapter: adapter.clone(), ..Default::default() }).await?;
+                let opts = GpuOptions { adapter: adapter.clone(), attention_split: *attention_split, ..Default::default() };
+                let gpu = GpuBackend::new(opts).await?;
                 Ok(Box::new(Runner::new(Transformer::new(gpu, w)?, capacity)?))
             }
             #[cfg(not(feature = "gpu"))]

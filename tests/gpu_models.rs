@@ -92,6 +92,15 @@ fn gemma3_270m_matches_reference_on_gpu() {
 
 /// SmolLM2 on the GPU as the target, drafted on CPU threads by its own first two layers (often
 /// wrong, so rollback of the GPU KV cache is exercised): SD and SSD give the AR tokens exactly.
+/// The target's attention walks are split every 64 slots (a GPU splits every 128, lavapipe not
+/// at all) and the prompt is longer than that, so verifications and tree steps merge parts
+/// that their rows' decodes also merge.
+const SPLIT_PROMPT: &str = "import math\n\n\
+def mean(xs):\n    return sum(xs) / len(xs)\n\n\
+def variance(xs):\n    m = mean(xs)\n    return sum((x - m) ** 2 for x in xs) / len(xs)\n\n\
+def stdev(xs):\n    return math.sqrt(variance(xs))\n\n\
+def fibonacci(n):";
+
 #[test]
 fn greedy_sd_and_ssd_with_the_target_on_gpu_match_ar() {
     if !gpu_available() {
@@ -101,17 +110,19 @@ fn greedy_sd_and_ssd_with_the_target_on_gpu_match_ar() {
     let draft_weights = truncated(&m.weights);
     let cpu = || CpuBackend::new(0).unwrap();
     const CAPACITY: usize = 128;
-    let mut target = Runner::new(Transformer::new(gpu(), &m.weights).unwrap(), CAPACITY).unwrap();
+    let split = block_on(GpuBackend::new(GpuOptions { attention_split: Some(64), ..Default::default() })).unwrap();
+    let mut target = Runner::new(Transformer::new(split, &m.weights).unwrap(), CAPACITY).unwrap();
     let mut draft = Runner::new(Transformer::new(cpu(), &draft_weights).unwrap(), CAPACITY).unwrap();
     let worker_lm = Runner::new(Transformer::new(cpu(), &draft_weights).unwrap(), CAPACITY).unwrap();
     let mut worker = DraftWorker::new(Box::new(worker_lm)).unwrap();
     let req = Request {
-        prompt: m.tokenizer.encode("def fibonacci(n):").unwrap(),
+        prompt: m.tokenizer.encode(SPLIT_PROMPT).unwrap(),
         max_tokens: 12,
         sampling: SamplingParams::default(),
         stop: vec![],
         ..Request::default()
     };
+    assert!((64..CAPACITY - 20).contains(&req.prompt.len()), "the prompt takes {} tokens", req.prompt.len());
     let want = block_on(generate_ar(&mut target, &req, &mut |_| true)).unwrap().tokens;
     let spec = SpecConfig::new(3, "uniform:2".parse().unwrap(), 1.0, Backup::Jit);
     let sd = block_on(generate_sd(&mut target, &mut draft, &req, &spec, &mut |_| true)).unwrap();

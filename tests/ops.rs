@@ -532,6 +532,33 @@ fn attention_windowed_and_scaled<B: Backend>(b: &B, _: &Tol) {
     tree_step(b, AttnShape { window: Some(8), ..AttnShape::new(4, 2, 64) }, 66);
 }
 
+/// A verification of 5 rows after a prefix of `prefix` tokens, and the same rows decoded one at a
+/// time, on a fresh cache (the same inputs for every backend and seed).
+fn verified_and_decoded<B: Backend>(b: &B, shape: AttnShape, prefix: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let (qd, kvd) = (shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim);
+    let mut rng = TestRng::new(seed);
+    let m = 5;
+    let pre: [Vec<f32>; 3] = [rng.vec(prefix * qd), rng.vec(prefix * kvd), rng.vec(prefix * kvd)];
+    let (q, k, v) = (rng.vec(m * qd), rng.vec(m * kvd), rng.vec(m * kvd));
+    let mut cache = b.new_cache(1, prefix + m, kvd).unwrap();
+    let [pq, pk, pv] = &pre;
+    let batch = Batch::causal(&vec![0; prefix], 0);
+    b.attention(&up(b, prefix, qd, pq), &up(b, prefix, kvd, pk), &up(b, prefix, kvd, pv), &mut cache, 0, &batch, shape).unwrap();
+    let mut attend = |rows: std::ops::Range<usize>| {
+        let n = rows.len();
+        let (q, k, v) = (&q[rows.start * qd..rows.end * qd], &k[rows.start * kvd..rows.end * kvd], &v[rows.start * kvd..rows.end * kvd]);
+        let batch = Batch::causal(&vec![0; n], prefix + rows.start);
+        read(b, &b.attention(&up(b, n, qd, q), &up(b, n, kvd, k), &up(b, n, kvd, v), &mut cache, 0, &batch, shape).unwrap())
+    };
+    let verified = attend(0..m);
+    let decoded = (0..m).flat_map(|r| attend(r..r + 1)).collect();
+    (verified, decoded)
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// On the CPU a verification's attention rows have the bits of the decodes they stand for, on any
 /// number of threads (which changes how the heads of a group are split into jobs): greedy SD is
 /// lossless only if the target's logits for a token do not depend on its batch. Groups of 1, 6, 7
@@ -543,30 +570,53 @@ fn cpu_attention_rows_get_the_same_bits_in_any_batch() {
         .into_iter()
         .enumerate()
     {
-        let (qd, kvd) = (shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim);
-        let mut rng = TestRng::new(90 + i as u64);
-        let (prefix, m) = (40, 5);
-        let pre: [Vec<f32>; 3] = [rng.vec(prefix * qd), rng.vec(prefix * kvd), rng.vec(prefix * kvd)];
-        let (q, k, v) = (rng.vec(m * qd), rng.vec(m * kvd), rng.vec(m * kvd));
-        let attend = |b: &CpuBackend, rows: std::ops::Range<usize>, cache: &mut _| {
-            let n = rows.len();
-            let (q, k, v) = (&q[rows.start * qd..rows.end * qd], &k[rows.start * kvd..rows.end * kvd], &v[rows.start * kvd..rows.end * kvd]);
-            let batch = Batch::causal(&vec![0; n], prefix + rows.start);
-            read(b, &b.attention(&up(b, n, qd, q), &up(b, n, kvd, k), &up(b, n, kvd, v), cache, 0, &batch, shape).unwrap())
-        };
         let mut outs = vec![];
         for threads in [1, 2, 3] {
-            let b = CpuBackend::new(threads).unwrap();
-            let mut cache = b.new_cache(1, 64, kvd).unwrap();
-            let [pq, pk, pv] = &pre;
-            let batch = Batch::causal(&vec![0; prefix], 0);
-            b.attention(&up(&b, prefix, qd, pq), &up(&b, prefix, kvd, pk), &up(&b, prefix, kvd, pv), &mut cache, 0, &batch, shape).unwrap();
-            let verified = attend(&b, 0..m, &mut cache);
-            let decoded: Vec<f32> = (0..m).flat_map(|r| attend(&b, r..r + 1, &mut cache)).collect();
-            assert!(verified.iter().zip(&decoded).all(|(a, b)| a.to_bits() == b.to_bits()), "{shape:?}, {threads} threads: a batch of {m} against {m} decodes");
+            let (verified, decoded) = verified_and_decoded(&CpuBackend::new(threads).unwrap(), shape, 40, 90 + i as u64);
+            assert!(same_bits(&verified, &decoded), "{shape:?}, {threads} threads: a batch of 5 against 5 decodes");
             outs.push(verified);
         }
         assert!(outs.windows(2).all(|w| w[0] == w[1]), "{shape:?}: the bits depend on the thread count");
+    }
+}
+
+/// The GPU with a small batch's attention walk split every 64 slots (a GPU splits every 128,
+/// lavapipe never), so that `gpu_split::*` covers the split walk and its merge on any adapter.
+fn gpu_split() -> Option<&'static GpuBackend> {
+    use std::sync::OnceLock;
+    static SPLIT: OnceLock<Option<GpuBackend>> = OnceLock::new();
+    SPLIT.get_or_init(|| util::open_gpu(GpuOptions { attention_split: Some(64), ..Default::default() })).as_ref()
+}
+
+mod gpu_split {
+    macro_rules! attention_suite {
+        ($($op:ident),*) => {
+            $(#[test] fn $op() {
+                if let Some(g) = super::gpu_split() {
+                    super::$op(g, &super::GPU);
+                    let built = saguaro::backend::gpu::GpuBackend::kernels_built(g);
+                    assert!(built.iter().any(|k| k.starts_with("attention.combine")), "the split walk did not run: {built:?}");
+                }
+            })*
+        };
+    }
+    attention_suite!(attention_causal, attention_tree, attention_windowed_and_scaled);
+}
+
+/// On the GPU too a verification's rows have the bits of the decodes, unsplit and with the walk
+/// split into parts, when the batch's rows reach across a part's end (prefixes of 62 and 126 with
+/// 64-slot parts) and when a decode's walk is not split but the batch's is.
+#[test]
+fn gpu_attention_rows_get_the_same_bits_in_any_batch() {
+    let backends = [("default", util::shared_gpu()), ("split every 64 slots", gpu_split())];
+    for (how, b) in backends.into_iter().filter_map(|(how, b)| Some((how, b?))) {
+        for (i, (shape, prefix)) in [(AttnShape::new(12, 2, 64), 62), (AttnShape::new(14, 2, 64), 126), (AttnShape::new(4, 4, 128), 60)]
+            .into_iter()
+            .enumerate()
+        {
+            let (verified, decoded) = verified_and_decoded(b, shape, prefix, 95 + i as u64);
+            assert!(same_bits(&verified, &decoded), "{} ({how}): {shape:?} after {prefix}: a batch of 5 against 5 decodes", b.name());
+        }
     }
 }
 

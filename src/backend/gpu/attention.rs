@@ -2,7 +2,9 @@
 //! KV head and block of 8 queries (consecutive rows x that head's query heads, so each K and V
 //! row is read once for all of them) attends the slots the mask gives each row (a causal prefix, cut to a sliding window
 //! where the layer has one, plus explicit extra slots for tree batches), with the softmax
-//! computed online.
+//! computed online. A small batch's walk over a long cache is split into parts attended by
+//! workgroups of their own and merged by a second pass (as flash-decoding does), so that a decode
+//! does not leave a GPU with two busy workgroups (one per KV head) and the rest idle.
 
 use crate::backend::{AttnShape, Batch};
 use crate::error::{Error, Result};
@@ -17,6 +19,24 @@ use super::{groups, shape_check, Cache, GpuBackend, Tensor};
 const MAX_HEAD_DIM: usize = 256;
 /// Queries one workgroup attends for (`QMAX` in attention.wgsl).
 const QUERIES: usize = 8;
+/// Slots each workgroup walks (two of the kernel's 64-slot chunks) when a small batch's walk is
+/// split on a GPU: the part's written state is 1/64 of the K and V it reads.
+pub(super) const SPLIT_SLOTS: usize = 128;
+/// The most parts a walk over a full cache is split into: a longer cache takes longer parts, so
+/// that the parts' state stays small (and their number depends on the cache, never the batch).
+const MAX_PARTS: usize = 64;
+/// The largest batch whose walk is split (decodes, verifications, tree steps): a prefill already
+/// has a workgroup per block of queries, and its parts' state would be large.
+const SPLIT_ROWS: usize = 16;
+
+/// Slots per part for the options and adapter (0: never split).
+pub(super) fn split_slots(asked: Option<usize>, info: &wgpu::AdapterInfo) -> usize {
+    match asked {
+        Some(n) => n.next_multiple_of(64),
+        None if info.device_type == wgpu::DeviceType::Cpu => 0,
+        None => SPLIT_SLOTS,
+    }
+}
 
 impl GpuBackend {
     #[allow(clippy::too_many_arguments)]
@@ -56,18 +76,27 @@ impl GpuBackend {
         if extent > cache.capacity {
             return Err(Error::ContextOverflow { prompt: extent, requested: 0, context: cache.capacity });
         }
-        let start = (0..m).map(|r| batch.window_start(r, s.window) as u32);
+        let start: Vec<u32> = (0..m).map(|r| batch.window_start(r, s.window) as u32).collect();
         let key: Vec<u32> =
-            batch.slots.iter().chain(&mask.prefix).copied().chain(start).chain(mask.extra.iter().copied()).collect();
+            batch.slots.iter().chain(&mask.prefix).chain(&start).chain(&mask.extra).copied().collect();
         let meta = self.meta(Meta::Mask, &key, |k| k.to_vec())?;
+        let group = s.n_heads / s.n_kv_heads;
+        let walk = longest_walk(&mask.prefix, &start, mask.extra_stride, group);
+        let part = self.attention_split.max(cache.capacity.div_ceil(MAX_PARTS).next_multiple_of(64));
+        let (split, splits) = match self.attention_split {
+            n if n > 0 && m <= SPLIT_ROWS && walk > part => (part, walk.div_ceil(part)),
+            _ => (walk.max(1), 1),
+        };
         let params = [
             m as u32,
             s.n_heads as u32,
-            (s.n_heads / s.n_kv_heads) as u32,
+            group as u32,
             s.head_dim as u32,
             kv_dim as u32,
             mask.extra_stride as u32,
             f(s.scale),
+            split as u32,
+            splits as u32,
         ];
         let cache_bytes = (cache.capacity.max(1) * kv_dim * 4) as u64;
         let (kc, vc) = ((5, &cache.k[layer], cache_bytes), (6, &cache.v[layer], cache_bytes));
@@ -78,9 +107,31 @@ impl GpuBackend {
         self.dispatch(&write, &params, &[k.bind(2), v.bind(3), meta_bind, kc, vc], groups(m * kv_dim, 64)?)?;
         let out = self.tensor(m, q.cols)?;
         let attend = self.kernel(&ATTENTION, "attend", &vars)?;
-        // One workgroup per KV head and block of QUERIES (rows x query heads) of it.
-        let blocks = (m * (s.n_heads / s.n_kv_heads)).div_ceil(QUERIES);
-        self.dispatch(&attend, &params, &[q.bind(1), meta_bind, kc, vc, out.bind(7)], groups(s.n_kv_heads * blocks, 1)?)?;
+        // One workgroup per KV head, block of QUERIES (rows x query heads) of it and part.
+        let workgroups = groups(s.n_kv_heads * (m * group).div_ceil(QUERIES) * splits, 1)?;
+        if splits == 1 {
+            self.dispatch(&attend, &params, &[q.bind(1), meta_bind, kc, vc, out.bind(7)], workgroups)?;
+        } else {
+            let parts = self.tensor(m * s.n_heads * splits, s.head_dim + 2)?;
+            self.dispatch(&attend, &params, &[q.bind(1), meta_bind, kc, vc, parts.bind(7)], workgroups)?;
+            let combine = self.kernel(&ATTENTION, "combine", &vars)?;
+            self.dispatch(&combine, &params, &[parts.bind(8), out.bind(7)], groups(m * q.cols, 64)?)?;
+        }
         Ok(out)
     }
+}
+
+/// The most entries any block of queries walks (as `attend` counts them): from its rows' lowest
+/// window start to their highest prefix, then its rows' extra slots.
+fn longest_walk(prefix: &[u32], start: &[u32], stride: usize, group: usize) -> usize {
+    let queries = prefix.len() * group;
+    (0..queries.div_ceil(QUERIES))
+        .map(|b| {
+            let rows = b * QUERIES / group..=((b * QUERIES + QUERIES).min(queries) - 1) / group;
+            let hi = rows.clone().map(|r| prefix[r]).max().unwrap_or(0);
+            let lo = rows.clone().map(|r| start[r]).min().unwrap_or(0).min(hi);
+            (hi - lo) as usize + rows.count() * stride
+        })
+        .max()
+        .unwrap_or(0)
 }

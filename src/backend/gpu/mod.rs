@@ -51,6 +51,12 @@ pub struct GpuOptions {
     /// Reduce through workgroup memory alone even where the adapter has subgroups: the plain
     /// WebGPU path, for comparing and testing it.
     pub no_subgroups: bool,
+    /// Cached slots per workgroup when a decode, verification or tree step attends: `None`
+    /// splits at [`attention::SPLIT_SLOTS`] on a GPU and not at all on an adapter that computes on
+    /// the CPU (lavapipe, SwiftShader), whose few cores a workgroup per KV head already fills;
+    /// `Some(0)` never splits; `Some(n)` splits every `n` slots (rounded up to 64). Parts grow past
+    /// that length where a full cache would take more than 64 of them.
+    pub attention_split: Option<usize>,
 }
 
 /// A row-major `[rows, cols]` f32 matrix on the GPU.
@@ -98,11 +104,14 @@ pub struct GpuBackend {
     rec: Mutex<Recorder>,
     meta: Mutex<MetaCache>,
     weights: Mutex<weights::WeightCache>,
+    /// Slots per attention part for small batches (0: unsplit); see [`GpuOptions::attention_split`].
+    attention_split: usize,
 }
 
 impl GpuBackend {
     pub async fn new(opts: GpuOptions) -> Result<GpuBackend> {
         let (info, device, queue) = device::open(&opts).await?;
+        let attention_split = attention::split_slots(opts.attention_split, &info);
         let limits = device.limits();
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         Ok(GpuBackend {
@@ -118,6 +127,7 @@ impl GpuBackend {
             rec: Mutex::new(Recorder::default()),
             meta: Mutex::new(MetaCache::new()),
             weights: Mutex::new(HashMap::new()),
+            attention_split,
         })
     }
 

@@ -96,6 +96,13 @@ pub struct DeviceArgs {
     /// default: the one wgpu prefers for performance. `saguaro devices` lists them.
     #[arg(long)]
     pub adapter: Option<String>,
+    /// Cached slots each GPU workgroup attends over when a decode, verification or tree step's
+    /// attention is split into parts merged afterwards, so that a long context keeps a GPU's
+    /// cores busy (0: never split); default: 128 on a GPU, unsplit on an adapter that computes on
+    /// the CPU (lavapipe, SwiftShader). Rounded up to a multiple of 64, and longer where a full
+    /// context would take more than 64 parts.
+    #[arg(long)]
+    pub attention_split: Option<usize>,
 }
 
 impl DeviceArgs {
@@ -105,7 +112,7 @@ impl DeviceArgs {
 
     /// The GPU with `opts`, on this adapter.
     pub fn open_gpu_with(&self, opts: GpuOptions) -> Result<GpuBackend> {
-        block_on(GpuBackend::new(GpuOptions { adapter: self.adapter.clone(), ..opts }))
+        block_on(GpuBackend::new(GpuOptions { adapter: self.adapter.clone(), attention_split: self.attention_split, ..opts }))
     }
 }
 
@@ -263,7 +270,7 @@ impl EngineArgs {
     fn device(&self, kind: BackendKind, threads: usize, precision: PrecisionArg) -> Device {
         match kind {
             BackendKind::Cpu => Device::Cpu { threads, precision: precision.into() },
-            BackendKind::Gpu => Device::Gpu { adapter: self.device.adapter.clone() },
+            BackendKind::Gpu => Device::Gpu { adapter: self.device.adapter.clone(), attention_split: self.device.attention_split },
         }
     }
 
