@@ -32,7 +32,8 @@ const SPLIT_ROWS: usize = 16;
 /// Slots per part for the options and adapter (0: never split).
 pub(super) fn split_slots(asked: Option<usize>, info: &wgpu::AdapterInfo) -> usize {
     match asked {
-        Some(n) => n.next_multiple_of(64),
+        // Past 2^24 slots (more than any cache holds) a part is the whole walk anyway.
+        Some(n) => n.min(1 << 24).next_multiple_of(64),
         None if info.device_type == wgpu::DeviceType::Cpu => 0,
         None => SPLIT_SLOTS,
     }
