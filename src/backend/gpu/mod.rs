@@ -52,8 +52,8 @@ pub struct GpuOptions {
     /// WebGPU path, for comparing and testing it.
     pub no_subgroups: bool,
     /// Cached slots per workgroup when a decode, verification or tree step attends: `None`
-    /// splits at [`attention::SPLIT_SLOTS`] on a GPU and not at all on an adapter that computes on
-    /// the CPU (lavapipe, SwiftShader), whose few cores a workgroup per KV head already fills;
+    /// splits every 128 slots on a GPU and not at all on an adapter of type CPU
+    /// (lavapipe; a browser's fallback adapter), whose few cores a workgroup per KV head fills;
     /// `Some(0)` never splits; `Some(n)` splits every `n` slots (rounded up to 64). Parts grow past
     /// that length where a full cache would take more than 64 of them.
     pub attention_split: Option<usize>,

@@ -98,8 +98,8 @@ pub struct DeviceArgs {
     pub adapter: Option<String>,
     /// Cached slots each GPU workgroup attends over when a decode, verification or tree step's
     /// attention is split into parts merged afterwards, so that a long context keeps a GPU's
-    /// cores busy (0: never split); default: 128 on a GPU, unsplit on an adapter that computes on
-    /// the CPU (lavapipe, SwiftShader). Rounded up to a multiple of 64, and longer where a full
+    /// cores busy (0: never split); default: 128 on a GPU, unsplit on an adapter of type CPU
+    /// (lavapipe). Rounded up to a multiple of 64, and longer where a full
     /// context would take more than 64 parts.
     #[arg(long)]
     pub attention_split: Option<usize>,
