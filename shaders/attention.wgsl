@@ -8,9 +8,11 @@
 // A small batch's walk over the cache may be split into parts of `split` entries, each its own
 // workgroup, so that a decode at a long context keeps more than a few of a GPU's cores busy: each
 // part leaves its running maximum, sum and unnormalized output in `out`, and `combine` merges the
-// parts. The parts are cut at the same entries whatever the batch, so a verification's rows get
-// the bits of the decodes they stand for: an entry a row does not attend adds exactly zero, and a
-// part with none of its entries merges with weight zero.
+// parts. A block's walk starts at a multiple of the part length (of WG when it is not split), so
+// chunks and parts begin at the same cache slots whatever the batch and whatever a sliding window
+// cuts off; since an entry a row does not attend adds exactly zero and a part with none of its
+// entries merges with weight zero, a verification's rows get the bits of the decodes they stand
+// for. (A tree step's extra slots follow its block's prefix span; no decode stands for them.)
 
 struct Params {
     m: u32,
@@ -21,7 +23,8 @@ struct Params {
     kv_dim: u32,
     stride: u32,
     scale: f32,
-    // Entries of the walk per part (a multiple of WG), and the parts each block's walk is cut into.
+    // Entries of the walk per part (a multiple of WG; unsplit, past any walk), and the parts each
+    // block's walk is cut into.
     split: u32,
     splits: u32,
 }
@@ -128,7 +131,8 @@ fn attend(
             lo = min(lo, batch_meta[2u * p.m + r]);
             hi = max(hi, batch_meta[p.m + r]);
         }
-        span = vec2<u32>(min(lo, hi), hi);
+        let low = min(lo, hi);
+        span = vec2<u32>(low - low % select(WG, p.split, p.splits > 1u), hi);
     }
     let bounds = workgroupUniformLoad(&span);
     let lo = bounds.x;

@@ -605,15 +605,21 @@ mod gpu_split {
 
 /// On the GPU too a verification's rows have the bits of the decodes, unsplit and with the walk
 /// split into parts, when the batch's rows reach across a part's end (prefixes of 62 and 126 with
-/// 64-slot parts) and when a decode's walk is not split but the batch's is.
+/// 64-slot parts), when a decode's walk is not split but the batch's is, and under sliding
+/// windows, whose rows start their walks at different slots.
 #[test]
 fn gpu_attention_rows_get_the_same_bits_in_any_batch() {
     let backends = [("default", util::shared_gpu()), ("split every 64 slots", gpu_split())];
     for (how, b) in backends.into_iter().filter_map(|(how, b)| Some((how, b?))) {
-        for (i, (shape, prefix)) in [(AttnShape::new(12, 2, 64), 62), (AttnShape::new(14, 2, 64), 126), (AttnShape::new(4, 4, 128), 60)]
-            .into_iter()
-            .enumerate()
-        {
+        let windowed = |w| AttnShape { window: Some(w), ..AttnShape::new(12, 2, 64) };
+        let cases = [
+            (AttnShape::new(12, 2, 64), 62),
+            (AttnShape::new(14, 2, 64), 126),
+            (AttnShape::new(4, 4, 128), 60),
+            (windowed(40), 62),
+            (windowed(100), 130),
+        ];
+        for (i, (shape, prefix)) in cases.into_iter().enumerate() {
             let (verified, decoded) = verified_and_decoded(b, shape, prefix, 95 + i as u64);
             assert!(same_bits(&verified, &decoded), "{} ({how}): {shape:?} after {prefix}: a batch of 5 against 5 decodes", b.name());
         }

@@ -25,9 +25,10 @@ pub(super) const SPLIT_SLOTS: usize = 128;
 /// The most parts a walk over a full cache is split into: a longer cache takes longer parts, so
 /// that the parts' state stays small (and their number depends on the cache, never the batch).
 const MAX_PARTS: usize = 64;
-/// The largest batch whose walk is split (decodes, verifications, tree steps): a prefill already
-/// has a workgroup per block of queries, and its parts' state would be large.
-const SPLIT_ROWS: usize = 16;
+/// The largest batch whose walk is split: every batch the matmul's small-batch kernel serves
+/// (decodes, verifications up to K = 63, tree steps), so that a verification and its rows'
+/// decodes take the same path. A prefill already has a workgroup per block of queries.
+const SPLIT_ROWS: usize = 64;
 
 /// Slots per part for the options and adapter (0: never split).
 pub(super) fn split_slots(asked: Option<usize>, info: &wgpu::AdapterInfo) -> usize {
@@ -82,12 +83,14 @@ impl GpuBackend {
             batch.slots.iter().chain(&mask.prefix).chain(&start).chain(&mask.extra).copied().collect();
         let meta = self.meta(Meta::Mask, &key, |k| k.to_vec())?;
         let group = s.n_heads / s.n_kv_heads;
-        let walk = longest_walk(&mask.prefix, &start, mask.extra_stride, group);
         let part = self.attention_split.max(cache.capacity.div_ceil(MAX_PARTS).next_multiple_of(64));
-        let (split, splits) = match self.attention_split {
-            n if n > 0 && m <= SPLIT_ROWS && walk > part => (part, walk.div_ceil(part)),
-            _ => (walk.max(1), 1),
+        let splits = match self.attention_split {
+            0 => 1,
+            _ if m > SPLIT_ROWS => 1,
+            _ => longest_walk(&mask.prefix, &start, mask.extra_stride, group, part).div_ceil(part).max(1),
         };
+        // Unsplit, a part past any walk: the shader ends a part at its walk's end or the part's.
+        let split = if splits > 1 { part } else { u32::MAX as usize };
         let params = [
             m as u32,
             s.n_heads as u32,
@@ -122,16 +125,17 @@ impl GpuBackend {
     }
 }
 
-/// The most entries any block of queries walks (as `attend` counts them): from its rows' lowest
-/// window start to their highest prefix, then its rows' extra slots.
-fn longest_walk(prefix: &[u32], start: &[u32], stride: usize, group: usize) -> usize {
+/// The most entries any block of queries walks (as `attend` counts them) when split into parts
+/// of `part`: from its rows' lowest window start, rounded down to a multiple of `part`, to their
+/// highest prefix, then its rows' extra slots.
+fn longest_walk(prefix: &[u32], start: &[u32], stride: usize, group: usize, part: usize) -> usize {
     let queries = prefix.len() * group;
     (0..queries.div_ceil(QUERIES))
         .map(|b| {
             let rows = b * QUERIES / group..=((b * QUERIES + QUERIES).min(queries) - 1) / group;
             let hi = rows.clone().map(|r| prefix[r]).max().unwrap_or(0);
-            let lo = rows.clone().map(|r| start[r]).min().unwrap_or(0).min(hi);
-            (hi - lo) as usize + rows.count() * stride
+            let lo = rows.clone().map(|r| start[r]).min().unwrap_or(0).min(hi) as usize;
+            hi as usize - (lo - lo % part) + rows.count() * stride
         })
         .max()
         .unwrap_or(0)
