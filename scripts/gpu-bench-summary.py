@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-BENCHES = ["spec-gpu-draft", "spec-cpu-draft", "ar-q8_0", "spec-0.5b-draft"]
+BENCHES = ["spec-gpu-draft", "spec-cpu-draft", "ar-q8_0", "long-128", "long-0", "spec-0.5b-draft"]
 
 
 def load(res, name):

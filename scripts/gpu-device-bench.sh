@@ -5,7 +5,8 @@
 #     step) at the 1.5B's FFN and output-head shapes, its GB/s as a share of the memory's peak;
 #   - attention over 4,096 cached tokens at 1 and 5 rows, its walk split into 128-slot parts (the
 #     default on a GPU) and unsplit (one workgroup per KV head);
-#   - AR decoding of the Q4_K_M and the Q8_0 file (tokens/s);
+#   - AR decoding of the Q4_K_M and the Q8_0 file (tokens/s), and of the Q4_K_M file after a
+#     prompt of ~4,500 tokens with attention split and unsplit;
 #   - AR, SD and SSD with the model as its own draft, the draft on the GPU and on the CPU, and with
 #     a 0.5B-shape draft (the real pair's shapes: random models accept nothing, so only the cost
 #     of a round counts there): tokens/s and what a round costs.
@@ -161,6 +162,19 @@ main() {
   bench spec-gpu-draft --target "$model" "${self[@]}" "${gpu[@]}" --draft-backend gpu "${modes[@]}"
   bench spec-cpu-draft --target "$model" "${self[@]}" "${gpu[@]}" --draft-backend cpu "${modes[@]}"
   bench ar-q8_0 --target "$q8" "${gpu[@]}" --modes ar
+
+  section "decode after a long prompt: attention split into 128-slot parts and unsplit"
+  # 300 small functions (~4,500 tokens of code); 30 for a quick check.
+  python3 - "$work/long.json" "$([ "$quick" = 1 ] && echo 30 || echo 300)" <<'PY'
+import json, sys
+text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(int(sys.argv[2])))
+json.dump([text + "def main():"], open(sys.argv[1], "w"))
+PY
+  for split in 128 0; do
+    echo "-- long-$split"
+    step "long-$split" 200 "$bin" bench --target "$model" "${gpu[@]}" --modes ar --max-tokens "$max_tokens" \
+      --rounds "$rounds" --prompts "$work/long.json" --attention-split "$split" --json >"$res/long-$split.json"
+  done
   if [ "$pair" = 1 ] && [ -f "$small" ]; then
     section "the pair's shapes: $shape target, qwen2.5-0.5b draft on the CPU"
     bench spec-0.5b-draft --target "$model" --draft "$small" "${gpu[@]}" --draft-backend cpu "${modes[@]}"
