@@ -6,7 +6,7 @@
 #   - attention over 4,096 cached tokens at 1 and 5 rows, its walk split into 128-slot parts (the
 #     default on a GPU) and unsplit (one workgroup per KV head);
 #   - AR decoding of the Q4_K_M and the Q8_0 file (tokens/s), and of the Q4_K_M file after a
-#     prompt of ~4,500 tokens with attention split and unsplit;
+#     prompt of ~2,800 tokens with attention split and unsplit;
 #   - AR, SD and SSD with the model as its own draft, the draft on the GPU and on the CPU, and with
 #     a 0.5B-shape draft (the real pair's shapes: random models accept nothing, so only the cost
 #     of a round counts there): tokens/s and what a round costs.
@@ -164,8 +164,8 @@ main() {
   bench ar-q8_0 --target "$q8" "${gpu[@]}" --modes ar
 
   section "decode after a long prompt: attention split into 128-slot parts and unsplit"
-  # 300 small functions (~4,500 tokens of code); 30 for a quick check.
-  python3 - "$work/long.json" "$([ "$quick" = 1 ] && echo 30 || echo 300)" <<'PY'
+  # 120 small functions (about 2,800 tokens of the synthesized vocabulary); 30 for a quick check.
+  python3 - "$work/long.json" "$([ "$quick" = 1 ] && echo 30 || echo 120)" <<'PY'
 import json, sys
 text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(int(sys.argv[2])))
 json.dump([text + "def main():"], open(sys.argv[1], "w"))
