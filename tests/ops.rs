@@ -472,6 +472,8 @@ fn attention_causal<B: Backend>(b: &B, _: &Tol) {
         AttnShape::new(6, 2, 64),
         AttnShape::new(3, 3, 80),
         AttnShape::new(4, 2, 6),
+        // An odd KV width.
+        AttnShape::new(3, 1, 5),
     ]
     .into_iter()
     .enumerate()
