@@ -21,7 +21,7 @@ const MAX_HEAD_DIM: usize = 256;
 const QUERIES: usize = 8;
 /// Slots each workgroup walks (two of the kernel's 64-slot chunks) when a small batch's walk is
 /// split on a GPU: the part's written state is 1/64 of the K and V it reads.
-pub(super) const SPLIT_SLOTS: usize = 128;
+const SPLIT_SLOTS: usize = 128;
 /// The most parts a walk over a full cache is split into: a longer cache takes longer parts, so
 /// that the parts' state stays small (and their number depends on the cache, never the batch).
 const MAX_PARTS: usize = 64;
@@ -30,12 +30,12 @@ const MAX_PARTS: usize = 64;
 /// decodes take the same path. A prefill already has a workgroup per block of queries.
 const SPLIT_ROWS: usize = 64;
 
-/// Slots per part for the options and adapter (0: never split).
-pub(super) fn split_slots(asked: Option<usize>, info: &wgpu::AdapterInfo) -> usize {
+/// Slots per part for the options and whether the adapter computes on the CPU (0: never split).
+pub(super) fn split_slots(asked: Option<usize>, cpu_adapter: bool) -> usize {
     match asked {
         // Past 2^24 slots (more than any cache holds) a part is the whole walk anyway.
         Some(n) => n.min(1 << 24).next_multiple_of(64),
-        None if info.device_type == wgpu::DeviceType::Cpu => 0,
+        None if cpu_adapter => 0,
         None => SPLIT_SLOTS,
     }
 }
@@ -139,4 +139,18 @@ fn longest_walk(prefix: &[u32], start: &[u32], stride: usize, group: usize, part
         })
         .max()
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_slots;
+
+    #[test]
+    fn part_lengths_are_whole_chunks_and_bounded() {
+        assert_eq!(split_slots(None, false), 128);
+        assert_eq!(split_slots(None, true), 0);
+        assert_eq!(split_slots(Some(0), false), 0);
+        assert_eq!(split_slots(Some(100), true), 128);
+        assert_eq!(split_slots(Some(usize::MAX), false), 1 << 24);
+    }
 }

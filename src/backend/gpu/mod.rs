@@ -111,7 +111,7 @@ pub struct GpuBackend {
 impl GpuBackend {
     pub async fn new(opts: GpuOptions) -> Result<GpuBackend> {
         let (info, device, queue) = device::open(&opts).await?;
-        let attention_split = attention::split_slots(opts.attention_split, &info);
+        let attention_split = attention::split_slots(opts.attention_split, info.device_type == wgpu::DeviceType::Cpu);
         let limits = device.limits();
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         Ok(GpuBackend {
