@@ -23,9 +23,9 @@ def cell(v, width, spec=".2f"):
     return ("-" if v is None else format(v, spec)).rjust(width)
 
 
-def kernels(k, peak):
+def kernels(k, peak, how):
     """Each matmul's GB/s, share of the peak and time per call by rows, weights read from memory."""
-    print(f"{k['backend']}: matmul GB/s (% of {peak:.0f} GB/s) and time per call, weights read from memory")
+    print(f"{k['backend']}, {how}: matmul GB/s (% of {peak:.0f} GB/s) and time per call, weights read from memory")
     table = {}
     for r in k["kernels"]:
         if r["kernel"].startswith("matmul") and r["weights"] == "memory":
@@ -76,13 +76,14 @@ def bench(name, b):
 def main():
     res, peak = sys.argv[1], float(sys.argv[2])
     # One JSON line per path the kernels took (with subgroups, then without, where offered).
-    try:
-        with open(os.path.join(res, "kernels.json")) as f:
-            runs = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        runs = []
-    for k in runs:
-        kernels(k, peak)
+    for name, how in (("kernels", "default workgroups"), ("kernels-32", "32-thread decode workgroups")):
+        try:
+            with open(os.path.join(res, name + ".json")) as f:
+                runs = [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            runs = []
+        for k in runs:
+            kernels(k, peak, how)
     attention(res)
     for name in BENCHES:
         b = load(res, name)

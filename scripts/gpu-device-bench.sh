@@ -147,6 +147,9 @@ main() {
     --reps "$reps" --working-set-mb "$working_set" --peak-gbs "$peak" --json)
   echo "saguaro ${kernels[*]}"
   step kernels 300 "$bin" "${kernels[@]}" >"$res/kernels.json"
+  # One subgroup per workgroup (32 threads on NVIDIA), the default where an adapter computes on the CPU.
+  echo "saguaro ${kernels[*]} --matvec-threads 32"
+  step kernels-32 300 "$bin" "${kernels[@]}" --matvec-threads 32 >"$res/kernels-32.json"
 
   section "attention over 4,096 cached tokens, split into 128-slot parts and unsplit"
   for split in 128 0; do

@@ -1,7 +1,7 @@
 // out[m, row0 + r] = dot(x[m, :], W[r, :]) (+ bias), for one row range (part) of W, with W decoded
 // from its storage type by `wload4_{{DTYPE}}` (dequant.wgsl).
 //
-// `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its 64
+// `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its WG
 // threads split K, and each weight value, decoded once, is used for all MT rows (each activation
 // value loaded, for all NR rows). The partial sums meet in `workgroup_sums`, filled in below from
 // sums_workgroup.wgsl or, where the device has subgroups, sums_subgroup.wgsl.
@@ -25,7 +25,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
-const WG: u32 = 64u;
+const WG: u32 = {{WG}}u;
 const NR: u32 = {{NR}}u;
 const MT: u32 = {{MT}}u;
 
@@ -48,7 +48,7 @@ fn finish(col: u32, s: f32) -> f32 {
     return s;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn matmul_rows(
     @builtin(local_invocation_index) t: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -78,12 +78,14 @@ fn matmul_rows(
             }
         }
     }
-    let s = workgroup_sums(t, &acc);
-    let r = r0 + t / MT;
-    let row = m0 + t % MT;
-    if (t < NR * MT && r < p.rows && row < p.m) {
-        let col = p.row0 + r;
-        out[row * p.n + col] = finish(col, s);
+    workgroup_sums(t, &acc);
+    for (var j = t; j < NR * MT; j += WG) {
+        let r = r0 + j / MT;
+        let row = m0 + j % MT;
+        if (r < p.rows && row < p.m) {
+            let col = p.row0 + r;
+            out[row * p.n + col] = finish(col, acc[j]);
+        }
     }
 }
 

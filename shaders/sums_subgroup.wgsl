@@ -1,30 +1,34 @@
 // The sums over a workgroup of its WG threads' NR * MT accumulators, with subgroup operations:
-// each subgroup adds its lanes' values in registers, one lane per subgroup leaves the subgroup's
-// sums in workgroup memory under a slot it draws, and thread j < NR * MT adds up the few slots
-// of accumulator j (WG / subgroup size of them, instead of WG). The caller's control flow must be
-// uniform across the workgroup.
+// each subgroup adds its lanes' values in registers. A workgroup that is one subgroup (the
+// decode matmul's, where the adapter's subgroup size is fixed) is done there: every lane holds
+// every total. Otherwise one lane per subgroup leaves the subgroup's sums in workgroup memory
+// under a slot it draws, and thread t adds up the few slots (WG / subgroup size) of accumulators
+// t, t + WG, .... Each total ends in the `acc` of the thread that writes it. The caller's control
+// flow must be uniform across the workgroup.
 
 var<workgroup> partial: array<f32, NR * MT * WG>;
 var<workgroup> slots: atomic<u32>;
 
-fn workgroup_sums(t: u32, acc: ptr<function, array<f32, NR * MT>>) -> f32 {
-    var sums: array<f32, NR * MT>;
+fn workgroup_sums(t: u32, acc: ptr<function, array<f32, NR * MT>>) {
     for (var j = 0u; j < NR * MT; j++) {
-        sums[j] = subgroupAdd((*acc)[j]);
+        (*acc)[j] = subgroupAdd((*acc)[j]);
     }
     if (subgroupBroadcastFirst(t) == t) {
         let slot = atomicAdd(&slots, 1u);
         for (var j = 0u; j < NR * MT; j++) {
-            partial[j * WG + slot] = sums[j];
+            partial[j * WG + slot] = (*acc)[j];
         }
     }
     workgroupBarrier();
     let n = atomicLoad(&slots);
-    var s = 0.0;
-    if (t < NR * MT) {
-        for (var q = 0u; q < n; q++) {
-            s += partial[t * WG + q];
-        }
+    if (n == 1u) {
+        return;
     }
-    return s;
+    for (var j = t; j < NR * MT; j += WG) {
+        var s = 0.0;
+        for (var q = 0u; q < n; q++) {
+            s += partial[j * WG + q];
+        }
+        (*acc)[j] = s;
+    }
 }

@@ -32,8 +32,9 @@ pub enum Device {
     /// CPU threads (0 = all cores; in wasm the calling thread only).
     Cpu { threads: usize, precision: Precision },
     /// The GPU through wgpu (WebGPU in the browser): the adapter whose name contains `adapter`,
-    /// or the preferred one; `attention_split` as in `GpuOptions` (`None`: by adapter).
-    Gpu { adapter: Option<String>, attention_split: Option<usize> },
+    /// or the preferred one; `attention_split` and `matvec_threads` as in `GpuOptions` (`None`: by
+    /// adapter).
+    Gpu { adapter: Option<String>, attention_split: Option<usize>, matvec_threads: Option<u32> },
 }
 
 impl Device {
@@ -50,9 +51,14 @@ impl Device {
                 Ok(Box::new(Runner::new(Transformer::new(cpu, w)?, capacity)?))
             }
             #[cfg(feature = "gpu")]
-            Device::Gpu { adapter, attention_split } => {
+            Device::Gpu { adapter, attention_split, matvec_threads } => {
                 use crate::backend::gpu::{GpuBackend, GpuOptions};
-                let opts = GpuOptions { adapter: adapter.clone(), attention_split: *attention_split, ..Default::default() };
+                let opts = GpuOptions {
+                    adapter: adapter.clone(),
+                    attention_split: *attention_split,
+                    matvec_threads: *matvec_threads,
+                    ..Default::default()
+                };
                 let gpu = GpuBackend::new(opts).await?;
                 Ok(Box::new(Runner::new(Transformer::new(gpu, w)?, capacity)?))
             }

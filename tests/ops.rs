@@ -81,8 +81,43 @@ fn gpu_plain() -> Option<&'static GpuBackend> {
         .as_ref()
 }
 
+/// The decode matmul's workgroup widths beside the default's: 64 threads, whose subgroups' sums
+/// meet in workgroup memory where the adapter has subgroups (lavapipe's default is one 8-lane
+/// subgroup); 3, fewer threads than a workgroup's sums and than a subgroup; and 5 through
+/// workgroup memory alone. Each with the thread count it asked for.
+fn gpu_widths() -> &'static [(u32, GpuBackend)] {
+    use std::sync::OnceLock;
+    static WIDTHS: OnceLock<Vec<(u32, GpuBackend)>> = OnceLock::new();
+    WIDTHS.get_or_init(|| {
+        [(64, false), (3, false), (5, true)]
+            .into_iter()
+            .filter_map(|(n, no_subgroups)| {
+                Some((n, util::open_gpu(GpuOptions { matvec_threads: Some(n), no_subgroups, ..Default::default() })?))
+            })
+            .collect()
+    })
+}
+
+mod gpu_widths {
+    macro_rules! matmul_suite {
+        ($($op:ident),*) => {
+            $(#[test] fn $op() {
+                for (n, g) in super::gpu_widths() {
+                    super::$op(g, &super::GPU);
+                    let built = saguaro::backend::gpu::GpuBackend::kernels_built(g);
+                    let wg = format!("WG={n},");
+                    assert!(built.iter().any(|k| k.starts_with("matmul.matmul_rows") && k.contains(&wg)), "{wg} did not run: {built:?}");
+                }
+            })*
+        };
+    }
+    matmul_suite!(matmul, matmul_bias_and_long_rows, matmuls_equal_separate_matmuls);
+}
+
 /// Each reduction path the adapter offers ran: the shared GPU takes subgroups wherever the adapter
-/// has them, and a matmul on it and on the plain GPU builds the kernel of each path.
+/// has them, and a matmul on it and on the plain GPU builds the kernel of each path. The decode
+/// matmul's workgroup is one subgroup where the adapter computes on the CPU with a fixed subgroup
+/// size (lavapipe), 64 threads elsewhere.
 #[test]
 fn gpu_reduction_paths_ran() {
     let Some(g) = util::shared_gpu() else { return };
@@ -90,19 +125,23 @@ fn gpu_reduction_paths_ran() {
         .iter()
         .any(|a| a.info.name == g.adapter_info().name && a.features.contains(wgpu::Features::SUBGROUP));
     assert_eq!(g.subgroups(), offered, "the GPU uses subgroups exactly where its adapter offers them");
+    let info = g.adapter_info();
+    let one_subgroup = offered && info.device_type == wgpu::DeviceType::Cpu && info.subgroup_min_size == info.subgroup_max_size;
+    let width = if one_subgroup { info.subgroup_min_size } else { 64 };
     let w = random_weight(DType::Q8_0, 8, 64, 5).unwrap();
     let x = TestRng::new(5).vec(2 * 64);
-    let mut paths = vec![(g, if offered { "SUMS=@sums_subgroup" } else { "SUMS=@sums_workgroup" })];
+    let sums = if offered { "SUMS=@sums_subgroup" } else { "SUMS=@sums_workgroup" };
+    let mut paths = vec![(g, format!("WG={width},{sums}"))];
     if let Some(plain) = gpu_plain() {
         assert!(!plain.subgroups());
-        paths.push((plain, "SUMS=@sums_workgroup"));
+        paths.push((plain, "WG=64,SUMS=@sums_workgroup".into()));
     }
     for (b, path) in paths {
         let gw = b.load_weight(&w).unwrap();
         let out = b.matmul(&up(b, 2, 64, &x), &gw, None).unwrap();
         read(b, &out);
         let built = b.kernels_built();
-        assert!(built.iter().any(|k| k.starts_with("matmul.matmul_rows") && k.contains(path)), "{path} did not run: {built:?}");
+        assert!(built.iter().any(|k| k.starts_with("matmul.matmul_rows") && k.contains(&path)), "{path} did not run: {built:?}");
         println!("{}: {path} ran", b.name());
     }
 }

@@ -61,7 +61,7 @@ pub(crate) const MAX_THREADS: usize = 64;
 fn device(name: Option<&str>, option: &str, precision: Precision, threads: usize) -> Result<Device, JsValue> {
     match name.unwrap_or("cpu") {
         "cpu" => Ok(Device::Cpu { threads, precision }),
-        "gpu" => Ok(Device::Gpu { adapter: None, attention_split: None }),
+        "gpu" => Ok(Device::Gpu { adapter: None, attention_split: None, matvec_threads: None }),
         other => Err(invalid(format!("{option}: '{other}' is not a backend (expected 'gpu' or 'cpu')"))),
     }
 }

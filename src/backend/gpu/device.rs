@@ -30,6 +30,9 @@ impl fmt::Display for AdapterReport {
         writeln!(f, "  max_compute_workgroup_storage_size: {} B", l.max_compute_workgroup_storage_size)?;
         writeln!(f, "  max_compute_invocations_per_workgroup: {}", l.max_compute_invocations_per_workgroup)?;
         writeln!(f, "  max_compute_workgroups_per_dimension: {}", l.max_compute_workgroups_per_dimension)?;
+        if self.features.contains(wgpu::Features::SUBGROUP) {
+            writeln!(f, "  subgroup size: {}-{}", self.info.subgroup_min_size, self.info.subgroup_max_size)?;
+        }
         write!(f, "  features: {:?}", self.features)
     }
 }

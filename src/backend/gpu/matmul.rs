@@ -3,7 +3,7 @@
 //! (prefill) uses the tiled kernel. A weight split into parts is one dispatch per part, each
 //! writing its own columns of the output.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 use super::pipelines::MATMUL;
 use super::{groups, shape_check, GpuBackend, Tensor, Weight};
@@ -17,6 +17,25 @@ const NR: usize = 4;
 /// registers; wider tiles spill them (on lavapipe one 64-row pass costs over three times eight
 /// 8-row passes), so batches above 8 rows take one pass over the weight per 8 rows.
 const MAX_MT: usize = 8;
+/// The most threads of a `matmul_rows` workgroup: their NR x MT partial sums must fit the 16 KiB
+/// of workgroup memory every WebGPU device has.
+const MAX_WG: u32 = 64;
+
+/// Threads per `matmul_rows` workgroup for the options, whether the adapter computes on the CPU
+/// and its subgroup size where it has subgroups of one fixed size. A CPU runs a subgroup as the
+/// lanes of its vectors: a one-subgroup workgroup walks K in several times the steps of 64
+/// threads, with no barrier or workgroup memory between its lanes' sums (about half the time of a
+/// decode's matmul on lavapipe). A GPU keeps 64 threads.
+pub(super) fn matvec_threads(asked: Option<u32>, cpu_adapter: bool, fixed_subgroup: Option<u32>) -> Result<u32> {
+    match (asked, fixed_subgroup) {
+        (Some(n), _) if !(1..=MAX_WG).contains(&n) => {
+            Err(Error::InvalidArgument(format!("matmul workgroup threads must be 1 to {MAX_WG}, not {n}")))
+        }
+        (Some(n), _) => Ok(n),
+        (None, Some(lanes)) if cpu_adapter && lanes <= MAX_WG => Ok(lanes),
+        (None, _) => Ok(MAX_WG),
+    }
+}
 
 impl GpuBackend {
     /// How `matmul_rows` adds up its threads' partial dots (a snippet's name, see pipelines.rs).
@@ -31,11 +50,13 @@ impl GpuBackend {
         let out = self.tensor(m, n)?;
         let tiled = m > SMALL_M;
         let (nr, mt) = if tiled { (1, 1) } else { (NR, m.next_power_of_two().min(MAX_MT)) };
-        let (nr_s, mt_s) = (nr.to_string(), mt.to_string());
+        // The tiled kernel's 64 threads are fixed; WG sizes only the sums it shares.
+        let wg = if tiled { MAX_WG } else { self.matvec_threads };
+        let (nr_s, mt_s, wg_s) = (nr.to_string(), mt.to_string(), wg.to_string());
         let kernel = self.kernel(
             &MATMUL,
             if tiled { "matmul_tiled" } else { "matmul_rows" },
-            &[("DTYPE", w.dtype().name()), ("NR", &nr_s), ("MT", &mt_s), ("SUMS", self.sums())],
+            &[("DTYPE", w.dtype().name()), ("NR", &nr_s), ("MT", &mt_s), ("WG", &wg_s), ("SUMS", self.sums())],
         )?;
         // Without a bias the kernel never reads binding 3; x stands in for it.
         let (bias_buf, bias_bytes) = match bias {
@@ -58,5 +79,22 @@ impl GpuBackend {
             )?;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matvec_threads;
+
+    #[test]
+    fn matvec_workgroups_are_one_cpu_subgroup_or_64_threads() {
+        assert_eq!(matvec_threads(None, true, Some(8)).unwrap(), 8);
+        assert_eq!(matvec_threads(None, false, Some(32)).unwrap(), 64);
+        assert_eq!(matvec_threads(None, true, None).unwrap(), 64);
+        assert_eq!(matvec_threads(None, true, Some(128)).unwrap(), 64);
+        assert_eq!(matvec_threads(Some(5), false, None).unwrap(), 5);
+        for bad in [0, 65, u32::MAX] {
+            assert!(matvec_threads(Some(bad), true, Some(8)).is_err(), "{bad} threads");
+        }
     }
 }

@@ -57,6 +57,10 @@ pub struct GpuOptions {
     /// `Some(0)` never splits; `Some(n)` splits every `n` slots (rounded up to 64). Parts grow past
     /// that length where a full cache would take more than 64 of them.
     pub attention_split: Option<usize>,
+    /// Threads of a decode, verification or tree step's matmul workgroup (1-64): `None` takes
+    /// one subgroup where the adapter computes on the CPU and its subgroup size is fixed
+    /// (lavapipe's 8 lanes), 64 elsewhere.
+    pub matvec_threads: Option<u32>,
 }
 
 /// A row-major `[rows, cols]` f32 matrix on the GPU.
@@ -106,12 +110,18 @@ pub struct GpuBackend {
     weights: Mutex<weights::WeightCache>,
     /// Slots per attention part for small batches (0: unsplit); see [`GpuOptions::attention_split`].
     attention_split: usize,
+    /// Threads per `matmul_rows` workgroup; see [`GpuOptions::matvec_threads`].
+    matvec_threads: u32,
 }
 
 impl GpuBackend {
     pub async fn new(opts: GpuOptions) -> Result<GpuBackend> {
         let (info, device, queue) = device::open(&opts).await?;
-        let attention_split = attention::split_slots(opts.attention_split, info.device_type == wgpu::DeviceType::Cpu);
+        let cpu_adapter = info.device_type == wgpu::DeviceType::Cpu;
+        let attention_split = attention::split_slots(opts.attention_split, cpu_adapter);
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        let fixed_subgroup = (subgroups && info.subgroup_min_size == info.subgroup_max_size).then_some(info.subgroup_min_size);
+        let matvec_threads = matmul::matvec_threads(opts.matvec_threads, cpu_adapter, fixed_subgroup)?;
         let limits = device.limits();
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         Ok(GpuBackend {
@@ -128,6 +138,7 @@ impl GpuBackend {
             meta: Mutex::new(MetaCache::new()),
             weights: Mutex::new(HashMap::new()),
             attention_split,
+            matvec_threads,
         })
     }
 

@@ -103,6 +103,11 @@ pub struct DeviceArgs {
     /// context would take more than 64 parts.
     #[arg(long)]
     pub attention_split: Option<usize>,
+    /// Threads of each GPU workgroup in the matmul of a decode, verification or tree step (1-64);
+    /// default: one subgroup on an adapter of type CPU whose subgroup size is fixed (lavapipe: 8),
+    /// else 64.
+    #[arg(long)]
+    pub matvec_threads: Option<u32>,
 }
 
 impl DeviceArgs {
@@ -112,7 +117,12 @@ impl DeviceArgs {
 
     /// The GPU with `opts`, on this adapter.
     pub fn open_gpu_with(&self, opts: GpuOptions) -> Result<GpuBackend> {
-        block_on(GpuBackend::new(GpuOptions { adapter: self.adapter.clone(), attention_split: self.attention_split, ..opts }))
+        block_on(GpuBackend::new(GpuOptions {
+            adapter: self.adapter.clone(),
+            attention_split: self.attention_split,
+            matvec_threads: self.matvec_threads,
+            ..opts
+        }))
     }
 }
 
@@ -270,7 +280,11 @@ impl EngineArgs {
     fn device(&self, kind: BackendKind, threads: usize, precision: PrecisionArg) -> Device {
         match kind {
             BackendKind::Cpu => Device::Cpu { threads, precision: precision.into() },
-            BackendKind::Gpu => Device::Gpu { adapter: self.device.adapter.clone(), attention_split: self.device.attention_split },
+            BackendKind::Gpu => Device::Gpu {
+                adapter: self.device.adapter.clone(),
+                attention_split: self.device.attention_split,
+                matvec_threads: self.device.matvec_threads,
+            },
         }
     }
 
