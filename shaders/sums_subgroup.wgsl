@@ -1,8 +1,8 @@
 // The sums over a workgroup of its WG threads' NR * MT accumulators, with subgroup operations:
-// each subgroup adds its lanes' values in registers. A workgroup that is one subgroup (the
-// decode matmul's, where the adapter's subgroup size is fixed) is done there: every lane holds
-// every total. Otherwise one lane per subgroup leaves the subgroup's sums in workgroup memory
-// under a slot it draws, and thread t adds up the few slots (WG / subgroup size) of accumulators
+// each subgroup adds its lanes' values in registers, and one lane per subgroup leaves the
+// subgroup's sums in workgroup memory under a slot it draws. Where one subgroup filled the
+// workgroup (the decode matmul's on a CPU adapter) a single slot was drawn and every lane already
+// holds every total; otherwise thread t adds up the few slots (WG / subgroup size) of accumulators
 // t, t + WG, .... Each total ends in the `acc` of the thread that writes it. The caller's control
 // flow must be uniform across the workgroup.
 

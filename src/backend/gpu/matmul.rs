@@ -24,8 +24,8 @@ const MAX_WG: u32 = 64;
 /// Threads per `matmul_rows` workgroup for the options, whether the adapter computes on the CPU
 /// and its subgroup size where it has subgroups of one fixed size. A CPU runs a subgroup as the
 /// lanes of its vectors: a one-subgroup workgroup walks K in several times the steps of 64
-/// threads, with no barrier or workgroup memory between its lanes' sums (about half the time of a
-/// decode's matmul on lavapipe). A GPU keeps 64 threads.
+/// threads and its sums end within the subgroup, with no second stage over workgroup memory
+/// (half the time of the Q8_0 output head on lavapipe). A GPU keeps 64 threads.
 pub(super) fn matvec_threads(asked: Option<u32>, cpu_adapter: bool, fixed_subgroup: Option<u32>) -> Result<u32> {
     match (asked, fixed_subgroup) {
         (Some(n), _) if !(1..=MAX_WG).contains(&n) => {
