@@ -43,6 +43,20 @@ impl Device {
         Device::Cpu { threads: 0, precision }
     }
 
+    /// The options that open this GPU; `None` for the CPU.
+    #[cfg(feature = "gpu")]
+    pub fn gpu_options(&self) -> Option<crate::backend::gpu::GpuOptions> {
+        match self {
+            Device::Cpu { .. } => None,
+            Device::Gpu { adapter, attention_split, matvec_threads } => Some(crate::backend::gpu::GpuOptions {
+                adapter: adapter.clone(),
+                attention_split: *attention_split,
+                matvec_threads: *matvec_threads,
+                ..Default::default()
+            }),
+        }
+    }
+
     /// A model instance for `w` on this device with a KV cache of `capacity` tokens.
     pub async fn runner(&self, w: &ModelWeights, capacity: usize) -> Result<BoxedLm> {
         match self {
@@ -51,15 +65,8 @@ impl Device {
                 Ok(Box::new(Runner::new(Transformer::new(cpu, w)?, capacity)?))
             }
             #[cfg(feature = "gpu")]
-            Device::Gpu { adapter, attention_split, matvec_threads } => {
-                use crate::backend::gpu::{GpuBackend, GpuOptions};
-                let opts = GpuOptions {
-                    adapter: adapter.clone(),
-                    attention_split: *attention_split,
-                    matvec_threads: *matvec_threads,
-                    ..Default::default()
-                };
-                let gpu = GpuBackend::new(opts).await?;
+            Device::Gpu { .. } => {
+                let gpu = crate::backend::gpu::GpuBackend::new(self.gpu_options().unwrap_or_default()).await?;
                 Ok(Box::new(Runner::new(Transformer::new(gpu, w)?, capacity)?))
             }
             #[cfg(not(feature = "gpu"))]

@@ -136,10 +136,9 @@ impl ModelStream {
                 return Err(js_error_with("bad_model", &format!("a model file of {len} bytes")));
             }
             let opts: LoadOpts = options::parse(opts)?;
-            let Device::Gpu { adapter, attention_split, matvec_threads } = opts.engine_options()?.target else {
+            let Some(options) = opts.engine_options()?.target.gpu_options() else {
                 return Err(js_error_with("invalid_argument", "a target streamed to the GPU needs backend 'gpu'"));
             };
-            let options = crate::backend::gpu::GpuOptions { adapter, attention_split, matvec_threads, ..Default::default() };
             let gpu = crate::backend::gpu::GpuBackend::new(options).await.map_err(|e| js_error(&e))?;
             let stream = crate::model::stream::GgufStream::new(gpu, (len > 0.0).then_some(len as u64));
             Ok(ModelStream { stream }.into())
