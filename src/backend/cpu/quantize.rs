@@ -119,6 +119,11 @@ pub(crate) enum Order {
     /// 32 weight bytes into 16-bit lanes by parity (one `maddubs` each), not by half.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     EvenOdd,
+    /// [`Order::EvenOdd`] over each two chunks: the even-indexed values of the first chunk, then of
+    /// the second, then the odd-indexed of the first, then of the second. The AVX-512 kernels
+    /// decode two chunks into one 512-bit vector and scale them by parity.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    EvenOddPairs,
     /// In each 16 values, the pairs `2k, 2k + 1, 8 + 2k, 9 + 2k` together, for `k` = 0..4: the
     /// relaxed-SIMD kernels' 4-byte dots then gather in each i32 lane what the simd128 kernels'
     /// 16-bit dots gather, so both give the same bits.
@@ -147,6 +152,17 @@ fn actk_portable<T: ActInt>(x: &[f32], out: &mut [ActK<T>], order: Order) {
                     for j in 0..QK / 2 {
                         c[j] = v[2 * j];
                         c[QK / 2 + j] = v[2 * j + 1];
+                    }
+                }
+            }
+            Order::EvenOddPairs => {
+                for c in b.qs.chunks_exact_mut(2 * QK) {
+                    let v: [T; 2 * QK] = std::array::from_fn(|j| c[j]);
+                    for j in 0..QK {
+                        // Value 2i of chunk h goes to h * 16 + i, its odd neighbour 32 further.
+                        let (h, i) = (j / (QK / 2), j % (QK / 2));
+                        c[j] = v[h * QK + 2 * i];
+                        c[QK + j] = v[h * QK + 2 * i + 1];
                     }
                 }
             }

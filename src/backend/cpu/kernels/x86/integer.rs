@@ -26,10 +26,15 @@ macro_rules! integer_kernels {
             type W: Copy;
             /// The 32 values of a 32-value block, signed where `signed`, in order.
             unsafe fn weights32(v: __m256i, signed: bool) -> Self::W;
-            /// 32 unsigned values of a K-quant block; the first 16 take scale byte `lo` of `sc`, the last
-            /// 16 byte `hi` (see [`scale_bytes`]). Where `less32`, each value is taken less 32: Q6_K's
-            /// stored offset, which then needs no correction and halves the products' magnitude.
-            unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> Self::W;
+            /// A K-quant block's weights as one step of its dot takes them: [`Dot::STEP`] chunks of 32.
+            type WK: Copy;
+            /// How many chunks of 32 values [`Dot::weights_k`] decodes at once.
+            const STEP: usize;
+            /// The unsigned values of chunks `t..t + STEP` of K-quant block `p`, scaled by the scale bytes
+            /// `sc` of the block (see [`scale_bytes`] and [`scale_at`]). Where `less32`, each value is
+            /// taken less 32: Q6_K's stored offset, which then needs no correction and halves the
+            /// products' magnitude.
+            unsafe fn weights_k<F: BlockK>(p: *const u8, t: usize, sc: __m256i, less32: bool) -> Self::WK;
             /// Whether [`Dot::weights_k`] takes `less32`.
             const LESS32: bool;
             /// Partial sums of a run of chunks, kept apart until [`Dot::total`] where that saves adds.
@@ -38,13 +43,13 @@ macro_rules! integer_kernels {
             /// How many products each i32 lane of an `Acc` gathers per chunk (the parts of an `Acc` meet
             /// only in f32).
             const PER_LANE: i32;
-            /// `acc` plus the 32 products with the activations at `q`.
-            unsafe fn dot_acc(w: Self::W, q: *const Self, acc: Self::Acc) -> Self::Acc;
+            /// `acc` plus the products of a step's weights with the activations at `q`.
+            unsafe fn dot_acc(w: Self::WK, q: *const Self, acc: Self::Acc) -> Self::Acc;
             /// How many i32 parts an `Acc` has.
             const PARTS: i32;
             /// Like [`Dot::dot_acc`], with every product gathered in the first part and the others left
             /// as they are: fewer registers per row, each lane gathering `PARTS` times as many products.
-            unsafe fn dot_acc_one(w: Self::W, q: *const Self, acc: Self::Acc) -> Self::Acc;
+            unsafe fn dot_acc_one(w: Self::WK, q: *const Self, acc: Self::Acc) -> Self::Acc;
             /// Eight partial sums of everything `acc` gathered, in f32.
             unsafe fn total(acc: Self::Acc) -> __m256;
             /// [`Dot::total`] of an `acc` that only [`Dot::dot_acc_one`] added to.
@@ -52,11 +57,9 @@ macro_rules! integer_kernels {
             /// `v`, made to depend on `acc` (see [`after`]).
             unsafe fn after(v: __m256i, acc: &Self::Acc) -> __m256i;
 
-            /// Eight partial sums of the 32 products with the activations at `q`, in f32.
-            #[inline(always)]
-            unsafe fn dot(w: Self::W, q: *const Self) -> __m256 {
-                Self::total(Self::dot_acc(w, q, Self::ZERO))
-            }
+            /// Eight partial sums of the 32 products of a 32-value block's weights with the activations
+            /// at `q`, in f32.
+            unsafe fn dot(w: Self::W, q: *const Self) -> __m256;
         }
 
         /// Unsigned bytes for `maddubs` or `dpbusd`, which multiply unsigned by signed: a signed
@@ -81,13 +84,17 @@ macro_rules! integer_kernels {
                 }
             }
 
+            type WK = Bytes;
+            const STEP: usize = 1;
+
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> Bytes {
+            unsafe fn weights_k<F: BlockK>(p: *const u8, t: usize, sc: __m256i, less32: bool) -> Bytes {
                 debug_assert!(!less32, "maddubs takes unsigned weights");
                 // The scale byte in the high byte of each 16-bit lane, shifted down with its sign.
-                let sc = _mm256_srai_epi16(_mm256_shuffle_epi8(sc, spread(lo, hi, [false, true])), 8);
-                Bytes { v, sign: None, sc: Some(sc) }
+                let at = spread(scale_at::<F>(t, 0), scale_at::<F>(t, 1), [false, true]);
+                let sc = _mm256_srai_epi16(_mm256_shuffle_epi8(sc, at), 8);
+                Bytes { v: chunk_k::<F>(p, t), sign: None, sc: Some(sc) }
             }
 
             const LESS32: bool = false;
@@ -113,6 +120,12 @@ macro_rules! integer_kernels {
             #[target_feature(enable = $features)]
             unsafe fn dot_acc_one(w: Bytes, q: *const i8, acc: __m256i) -> __m256i {
                 Self::dot_acc(w, q, acc)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot(w: Bytes, q: *const i8) -> __m256 {
+                Self::total(Self::dot_acc(w, q, Self::ZERO))
             }
 
             #[inline]
@@ -232,6 +245,10 @@ macro_rules! integer_kernels {
             let span_one = chunks_per_sum(T::PER_LANE * T::PARTS, max_w, T::MAX);
             let one_part = span_one >= QK_K / 32 / 2;
             let span = if one_part { span_one } else { chunks_per_sum(T::PER_LANE, max_w, T::MAX) };
+            // A sum gathers whole steps, and a step of two chunks keeps them apart by chunk rather than
+            // by parity, so its halves must meet in i32 as one part does: at 16 bits every K-quant sums
+            // 4 or 8 chunks in one part.
+            debug_assert!(span.is_multiple_of(T::STEP) && (T::STEP == 1 || one_part));
             for b in blocks {
                 let p = w.add(b * F::BYTES);
                 prefetch(p.wrapping_add(ahead), F::BYTES);
@@ -240,12 +257,14 @@ macro_rules! integer_kernels {
                 let mut sc = scale_bytes::<F>(p, s);
                 // Unrolled, so that each chunk's shifts and scale shuffles are constants.
                 chunks!(t => {
-                    let v = T::weights_k(chunk_k::<F>(p, t), sc, scale_at::<F>(t, 0), scale_at::<F>(t, 1), less32);
-                    for i in 0..R {
-                        let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
-                        sums[i] = if one_part { T::dot_acc_one(v, q, sums[i]) } else { T::dot_acc(v, q, sums[i]) };
-                        if R > 1 {
-                            sc = T::after(sc, &sums[i]);
+                    if t.is_multiple_of(T::STEP) {
+                        let v = T::weights_k::<F>(p, t, sc, less32);
+                        for i in 0..R {
+                            let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
+                            sums[i] = if one_part { T::dot_acc_one(v, q, sums[i]) } else { T::dot_acc(v, q, sums[i]) };
+                            if R > 1 {
+                                sc = T::after(sc, &sums[i]);
+                            }
                         }
                     }
                     if (t + 1).is_multiple_of(span) {
@@ -277,9 +296,11 @@ macro_rules! integer_kernels {
             by_rows!(all qk_rows::<F, T>(w, x, rows, out))
         }
 
-        pub(crate) const KERNELS: Kernels = kernels!(q32, qk, Order::EvenOdd, |d| select!(float: d, float));
+        pub(crate) const KERNELS: Kernels = kernels!(q32, qk, I16_ORDER, |d| select!(float: d, float));
     };
     (@i16 narrow, $features:literal, $dpwssd:path) => {
+        const I16_ORDER: Order = Order::EvenOdd;
+
         /// 16-bit lanes for `dpwssd` with 16-bit activations.
         impl Dot for i16 {
             type W = [__m256i; 2];
@@ -294,11 +315,16 @@ macro_rules! integer_kernels {
                 }
             }
 
+            type WK = [__m256i; 2];
+            const STEP: usize = 1;
+
             /// Widened and scaled at once by `maddubs` against the scale in every other byte: the values
             /// at even positions, then those at odd positions ([`Order::EvenOdd`]).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> [__m256i; 2] {
+            unsafe fn weights_k<F: BlockK>(p: *const u8, t: usize, sc: __m256i, less32: bool) -> [__m256i; 2] {
+                let v = chunk_k::<F>(p, t);
+                let (lo, hi) = (scale_at::<F>(t, 0), scale_at::<F>(t, 1));
                 let spread = |at| _mm256_shuffle_epi8(sc, spread(lo, hi, at));
                 let (even, odd) = (spread([true, false]), spread([false, true]));
                 let w = [_mm256_maddubs_epi16(v, even), _mm256_maddubs_epi16(v, odd)];
@@ -365,10 +391,15 @@ macro_rules! integer_kernels {
         }
     };
     (@i16 wide, $features:literal, $dpwssd:path) => {
-        /// 16-bit activations on 512-bit vectors: the 32 weights of a chunk as one vector of 16-bit
-        /// lanes, met by one 64-byte load of activations and one `vpdpwssd` per row, where 256-bit
-        /// vectors take two of each. Lanes 0..8 hold what the narrow form's first part holds, lanes
-        /// 8..16 its second, and they meet as the narrow parts do, so both give the same bits.
+        const I16_ORDER: Order = Order::EvenOddPairs;
+
+        /// 16-bit activations on 512-bit vectors. A 32-value block's weights are one vector of 16-bit
+        /// lanes, met by one 64-byte load of activations and one `vpdpwssd` per row. A K-quant step
+        /// takes two chunks ([`Order::EvenOddPairs`]): their 64 values decoded into one vector, scaled
+        /// into the two chunks' even positions by one `maddubs` and their odd positions by another,
+        /// each met by a 64-byte load and a `vpdpwssd` per row. Lanes 0..8 of a sum gather what the
+        /// narrow form's lanes gather from the first chunk, lanes 8..16 from the second, and the
+        /// halves meet in i32 before f32, so both forms give the same bits.
         impl Dot for i16 {
             type W = __m512i;
 
@@ -381,23 +412,28 @@ macro_rules! integer_kernels {
                 }
             }
 
-            /// The even positions scaled in the low 256 bits and the odd ones in the high 256 bits
-            /// ([`Order::EvenOdd`]), by one `maddubs` of the values, in both halves, against the
-            /// scales spread for each half by one shuffle.
+            type WK = [__m512i; 2];
+            const STEP: usize = 2;
+
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn weights_k(v: __m256i, sc: __m256i, lo: usize, hi: usize, less32: bool) -> __m512i {
+            unsafe fn weights_k<F: BlockK>(p: *const u8, t: usize, sc: __m256i, less32: bool) -> [__m512i; 2] {
                 let sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc));
-                let spread = |halves: [[bool; 2]; 2]| {
-                    let at = _mm512_castsi256_si512(spread(lo, hi, halves[0]));
-                    _mm512_shuffle_epi8(sc, _mm512_inserti64x4::<1>(at, spread(lo, hi, halves[1])))
+                // The scales of chunk t in the low 256 bits, of chunk t + 1 in the high.
+                let spread = |at| {
+                    let first = _mm512_castsi256_si512(spread(scale_at::<F>(t, 0), scale_at::<F>(t, 1), at));
+                    let second = spread(scale_at::<F>(t + 1, 0), scale_at::<F>(t + 1, 1), at);
+                    _mm512_shuffle_epi8(sc, _mm512_inserti64x4::<1>(first, second))
                 };
-                let w = _mm512_maddubs_epi16(_mm512_broadcast_i64x4(v), spread([[true, false], [false, true]]));
+                let (even, odd) = (spread([true, false]), spread([false, true]));
+                let v = chunk_pair_k::<F>(p, t);
+                let w = [_mm512_maddubs_epi16(v, even), _mm512_maddubs_epi16(v, odd)];
                 if !less32 {
                     return w;
                 }
                 // 32 times each lane's scale: the odd spread holds it in the high byte, 256 times over.
-                _mm512_sub_epi16(w, _mm512_srai_epi16::<3>(spread([[false, true], [false, true]])))
+                let offset = _mm512_srai_epi16::<3>(odd);
+                w.map(|w| _mm512_sub_epi16(w, offset))
             }
 
             const LESS32: bool = true;
@@ -406,18 +442,21 @@ macro_rules! integer_kernels {
             const ZERO: __m512i = unsafe { std::mem::transmute([0u8; 64]) };
             const PER_LANE: i32 = 2;
 
+            /// The even positions of both chunks, then the odd ones: the activations at `q` are laid out so.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn dot_acc(w: __m512i, q: *const i16, acc: __m512i) -> __m512i {
-                dpwssd_512(acc, w, _mm512_loadu_si512(q as *const _))
+            unsafe fn dot_acc(w: [__m512i; 2], q: *const i16, acc: __m512i) -> __m512i {
+                let even = dpwssd_512(acc, w[0], _mm512_loadu_si512(q as *const _));
+                dpwssd_512(even, w[1], _mm512_loadu_si512(q.add(32) as *const _))
             }
 
-            /// The two halves are the narrow form's two parts, joined in [`Dot::total_one`].
+            /// The two halves gather what the narrow form's two parts gather; they meet in
+            /// [`Dot::total_one`].
             const PARTS: i32 = 2;
 
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn dot_acc_one(w: __m512i, q: *const i16, acc: __m512i) -> __m512i {
+            unsafe fn dot_acc_one(w: [__m512i; 2], q: *const i16, acc: __m512i) -> __m512i {
                 Self::dot_acc(w, q, acc)
             }
 

@@ -9,8 +9,9 @@
 //! `dpwssd`; an unscaled 32-value block takes `dpbusd` in one step. With 16-bit activations a
 //! K-quant's values are widened and scaled at once by two `maddubs` against their scale bytes (even
 //! positions, then odd ones, as the activations are laid out for them), less 32 for Q6_K, whose
-//! stored offset that removes; each activation row then costs two `dpwssd`s (one 512-bit one in the
-//! AVX-512 set, whose `maddubs` scales both parities at once). VNNI does each of
+//! stored offset that removes; each activation row then costs two `dpwssd`s. The AVX-512 set decodes
+//! two chunks into one 512-bit vector ([`chunk_pair_k`]) and takes both chunks' even positions in
+//! one `maddubs` and `dpwssd`, their odd ones in another. VNNI does each of
 //! those multiply-adds in one instruction where AVX2 takes two or three ([`integer`]). Weights are
 //! prefetched ahead of use.
 
@@ -119,6 +120,38 @@ unsafe fn chunk_k<F: BlockK>(b: *const u8, t: usize) -> __m256i {
             let bit = _mm256_set1_epi8(1 << t);
             let set = _mm256_cmpeq_epi8(_mm256_and_si256(load(b.add(qh)), bit), bit);
             _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+        }
+        None => v,
+    }
+}
+
+/// Values `32 t..32 t + 64` (unsigned) of a K-quant block, `t` even: chunk `t` in the low 256 bits,
+/// chunk `t + 1` in the high (both as [`chunk_k`] gives them), each pair of chunks read from the
+/// bytes they share: the same nibbles (Q4_K, Q5_K) or 64 bytes in a row (Q6_K's low bits).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn chunk_pair_k<F: BlockK>(b: *const u8, t: usize) -> __m512i {
+    debug_assert!(t.is_multiple_of(2));
+    let low4 = _mm512_set1_epi8(0xF);
+    // Per 16-bit lane: the first chunk's shift in the low 256 bits, the second's in the high.
+    let shifts = |first: i16, second: i16| _mm512_inserti64x4::<1>(_mm512_set1_epi16(first), _mm256_set1_epi16(second));
+    if F::SIX {
+        let (n, u) = (t / 4, t % 4);
+        let ql = _mm512_loadu_si512(b.add(F::QS + 64 * n) as *const _);
+        let ql = _mm512_and_si512(_mm512_srl_epi16(ql, _mm_cvtsi32_si128(4 * (u as i32 >> 1))), low4);
+        let qh = _mm512_broadcast_i64x4(load(b.add(F::QH.unwrap() + 32 * n)));
+        let qh = _mm512_srlv_epi16(qh, shifts(2 * u as i16, 2 * u as i16 + 2));
+        let qh = _mm512_and_si512(qh, _mm512_set1_epi8(3));
+        return _mm512_or_si512(ql, _mm512_slli_epi16::<4>(qh));
+    }
+    let q = _mm512_broadcast_i64x4(load(b.add(F::QS + 32 * (t / 2))));
+    let v = _mm512_and_si512(_mm512_srlv_epi16(q, shifts(0, 4)), low4);
+    match F::QH {
+        Some(qh) => {
+            let bits = _mm512_broadcast_i64x4(load(b.add(qh)));
+            let bit = _mm512_inserti64x4::<1>(_mm512_set1_epi8(1 << t), _mm256_set1_epi8(1 << (t + 1)));
+            // The fifth bit's place is clear in `v`, so adding it sets it.
+            _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(bits, bit), v, _mm512_set1_epi8(0x10))
         }
         None => v,
     }
