@@ -11,10 +11,11 @@
 //! i32, where the two forms compute the same integers, so every set gives the same bits.
 
 /// Defines `KERNELS` for the set whose target features are `$features`, with its two
-/// multiply-adds (see the module doc) and its dot of 16-bit activations: `narrow` on 256-bit
-/// vectors, or `wide` on 512-bit ones (AVX-512 only).
+/// multiply-adds (see the module doc) and the width of its K-quant dots: `narrow` on 256-bit
+/// vectors, or `wide` on 512-bit ones (AVX-512 only), whose `dpwssd` then takes 512-bit vectors
+/// and `dpbusd` (for 32-value blocks) 256-bit ones.
 macro_rules! integer_kernels {
-    ($features:literal, dpwssd: $dpwssd:path, dpbusd: $dpbusd:path, i16: $i16:ident) => {
+    ($features:literal, dpwssd: $dpwssd:path, dpbusd: $dpbusd:path, width: $width:ident) => {
         use std::arch::x86_64::*;
 
         use super::float::float;
@@ -62,92 +63,36 @@ macro_rules! integer_kernels {
             unsafe fn dot(w: Self::W, q: *const Self) -> __m256;
         }
 
-        /// Unsigned bytes for `maddubs` or `dpbusd`, which multiply unsigned by signed: a signed
-        /// weight's sign moves onto its activation. A K-quant's scale multiplies the pair sums of
-        /// `maddubs` in `dpwssd`; a 32-value block, unscaled, takes `dpbusd`.
+        /// A 32-value block's values as unsigned bytes for `dpbusd`, which multiplies unsigned by signed:
+        /// a signed weight's sign moves onto its activation.
         #[derive(Clone, Copy)]
         struct Bytes {
             v: __m256i,
             sign: Option<__m256i>,
-            sc: Option<__m256i>,
         }
 
-        impl Dot for i8 {
-            type W = Bytes;
-
+        impl Bytes {
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn weights32(v: __m256i, signed: bool) -> Bytes {
+            unsafe fn new(v: __m256i, signed: bool) -> Bytes {
                 match signed {
-                    true => Bytes { v: _mm256_sign_epi8(v, v), sign: Some(v), sc: None },
-                    false => Bytes { v, sign: None, sc: None },
+                    true => Bytes { v: _mm256_sign_epi8(v, v), sign: Some(v) },
+                    false => Bytes { v, sign: None },
                 }
             }
 
-            type WK = Bytes;
-            const STEP: usize = 1;
-
+            /// Eight partial sums of the 32 products with the 8-bit activations at `q`, in f32.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn weights_k<F: BlockK>(p: *const u8, t: usize, sc: __m256i, less32: bool) -> Bytes {
-                debug_assert!(!less32, "maddubs takes unsigned weights");
-                // The scale byte in the high byte of each 16-bit lane, shifted down with its sign.
-                let at = spread(scale_at::<F>(t, 0), scale_at::<F>(t, 1), [false, true]);
-                let sc = _mm256_srai_epi16(_mm256_shuffle_epi8(sc, at), 8);
-                Bytes { v: chunk_k::<F>(p, t), sign: None, sc: Some(sc) }
-            }
-
-            const LESS32: bool = false;
-
-            type Acc = __m256i;
-            const ZERO: __m256i = unsafe { std::mem::transmute([0u8; 32]) };
-            const PER_LANE: i32 = 4;
-
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn dot_acc(w: Bytes, q: *const i8, acc: __m256i) -> __m256i {
+            unsafe fn dot(self, q: *const i8) -> __m256 {
                 let q = load(q as *const u8);
-                let q = w.sign.map_or(q, |s| _mm256_sign_epi8(q, s));
-                match w.sc {
-                    Some(sc) => $dpwssd(acc, _mm256_maddubs_epi16(w.v, q), sc),
-                    None => $dpbusd(acc, w.v, q),
-                }
-            }
-
-            const PARTS: i32 = 1;
-
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn dot_acc_one(w: Bytes, q: *const i8, acc: __m256i) -> __m256i {
-                Self::dot_acc(w, q, acc)
-            }
-
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn dot(w: Bytes, q: *const i8) -> __m256 {
-                Self::total(Self::dot_acc(w, q, Self::ZERO))
-            }
-
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn total(acc: __m256i) -> __m256 {
-                _mm256_cvtepi32_ps(acc)
-            }
-
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn total_one(acc: __m256i) -> __m256 {
-                Self::total(acc)
-            }
-
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn after(v: __m256i, acc: &__m256i) -> __m256i {
-                after(v, *acc)
+                let q = self.sign.map_or(q, |s| _mm256_sign_epi8(q, s));
+                _mm256_cvtepi32_ps($dpbusd(_mm256_setzero_si256(), self.v, q))
             }
         }
 
-        super::integer::integer_kernels!(@i16 $i16, $features, $dpwssd);
+        super::integer::integer_kernels!(@i8 $width, $features, $dpwssd, $dpbusd);
+        super::integer::integer_kernels!(@i16 $width, $features, $dpwssd);
 
         #[inline]
         #[target_feature(enable = $features)]
@@ -298,6 +243,155 @@ macro_rules! integer_kernels {
 
         pub(crate) const KERNELS: Kernels = kernels!(q32, qk, I16_ORDER, |d| select!(float: d, float));
     };
+    (@i8 narrow, $features:literal, $dpwssd:path, $dpbusd:path) => {
+        impl Dot for i8 {
+            type W = Bytes;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights32(v: __m256i, signed: bool) -> Bytes {
+                Bytes::new(v, signed)
+            }
+
+            /// The chunk's values, and the scale of each pair of them in its 16-bit lane: `maddubs` sums
+            /// the pairs' products, `dpwssd` scales them.
+            type WK = [__m256i; 2];
+            const STEP: usize = 1;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights_k<F: BlockK>(p: *const u8, t: usize, sc: __m256i, less32: bool) -> [__m256i; 2] {
+                debug_assert!(!less32, "maddubs takes unsigned weights");
+                // The scale byte in the high byte of each 16-bit lane, shifted down with its sign.
+                let at = spread(scale_at::<F>(t, 0), scale_at::<F>(t, 1), [false, true]);
+                [chunk_k::<F>(p, t), _mm256_srai_epi16(_mm256_shuffle_epi8(sc, at), 8)]
+            }
+
+            const LESS32: bool = false;
+
+            type Acc = __m256i;
+            const ZERO: __m256i = unsafe { std::mem::transmute([0u8; 32]) };
+            const PER_LANE: i32 = 4;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc(w: [__m256i; 2], q: *const i8, acc: __m256i) -> __m256i {
+                $dpwssd(acc, _mm256_maddubs_epi16(w[0], load(q as *const u8)), w[1])
+            }
+
+            const PARTS: i32 = 1;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc_one(w: [__m256i; 2], q: *const i8, acc: __m256i) -> __m256i {
+                Self::dot_acc(w, q, acc)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot(w: Bytes, q: *const i8) -> __m256 {
+                w.dot(q)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total(acc: __m256i) -> __m256 {
+                _mm256_cvtepi32_ps(acc)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total_one(acc: __m256i) -> __m256 {
+                Self::total(acc)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn after(v: __m256i, acc: &__m256i) -> __m256i {
+                after(v, *acc)
+            }
+        }
+    };
+    (@i8 wide, $features:literal, $dpwssd:path, $dpbusd:path) => {
+        /// 8-bit activations: a 32-value block as in the narrow form, on 256-bit vectors; a K-quant step
+        /// takes two chunks, decoded into one 512-bit vector and met by one 64-byte load of
+        /// activations (in their natural order), one `maddubs` and one `vpdpwssd` by the scales per
+        /// row. Lanes 0..8 of a sum gather what the narrow form's lanes gather from the first chunk,
+        /// lanes 8..16 from the second, and the halves meet in i32 before f32, so both forms give the
+        /// same bits.
+        impl Dot for i8 {
+            type W = Bytes;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights32(v: __m256i, signed: bool) -> Bytes {
+                Bytes::new(v, signed)
+            }
+
+            /// Both chunks' values, and the scale of each pair of them in its 16-bit lane.
+            type WK = [__m512i; 2];
+            const STEP: usize = 2;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn weights_k<F: BlockK>(p: *const u8, t: usize, sc: __m256i, less32: bool) -> [__m512i; 2] {
+                debug_assert!(!less32, "maddubs takes unsigned weights");
+                let sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc));
+                // The scale byte in the high byte of each 16-bit lane, shifted down with its sign: chunk
+                // t's in the low 256 bits, chunk t + 1's in the high.
+                let first = _mm512_castsi256_si512(spread(scale_at::<F>(t, 0), scale_at::<F>(t, 1), [false, true]));
+                let second = spread(scale_at::<F>(t + 1, 0), scale_at::<F>(t + 1, 1), [false, true]);
+                let sc = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(sc, _mm512_inserti64x4::<1>(first, second)));
+                [chunk_pair_k::<F>(p, t), sc]
+            }
+
+            const LESS32: bool = false;
+
+            type Acc = __m512i;
+            const ZERO: __m512i = unsafe { std::mem::transmute([0u8; 64]) };
+            const PER_LANE: i32 = 4;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc(w: [__m512i; 2], q: *const i8, acc: __m512i) -> __m512i {
+                $dpwssd(acc, _mm512_maddubs_epi16(w[0], _mm512_loadu_si512(q as *const _)), w[1])
+            }
+
+            const PARTS: i32 = 1;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_acc_one(w: [__m512i; 2], q: *const i8, acc: __m512i) -> __m512i {
+                Self::dot_acc(w, q, acc)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot(w: Bytes, q: *const i8) -> __m256 {
+                w.dot(q)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total(acc: __m512i) -> __m256 {
+                let (first, second) = (_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64::<1>(acc));
+                _mm256_cvtepi32_ps(_mm256_add_epi32(first, second))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn total_one(acc: __m512i) -> __m256 {
+                Self::total(acc)
+            }
+
+            /// `v` as it is: with 32 vector registers the pin is not needed (see the 16-bit form).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn after(v: __m256i, _acc: &__m512i) -> __m256i {
+                v
+            }
+        }
+    };
     (@i16 narrow, $features:literal, $dpwssd:path) => {
         const I16_ORDER: Order = Order::EvenOdd;
 
@@ -446,8 +540,8 @@ macro_rules! integer_kernels {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn dot_acc(w: [__m512i; 2], q: *const i16, acc: __m512i) -> __m512i {
-                let even = dpwssd_512(acc, w[0], _mm512_loadu_si512(q as *const _));
-                dpwssd_512(even, w[1], _mm512_loadu_si512(q.add(32) as *const _))
+                let even = $dpwssd(acc, w[0], _mm512_loadu_si512(q as *const _));
+                $dpwssd(even, w[1], _mm512_loadu_si512(q.add(32) as *const _))
             }
 
             /// The two halves gather what the narrow form's two parts gather; they meet in

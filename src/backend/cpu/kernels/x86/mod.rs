@@ -302,7 +302,7 @@ fn dpbusd_avx2(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 }
 
 pub(crate) mod avx2 {
-    super::integer::integer_kernels!("avx2,fma,f16c", dpwssd: dpwssd_avx2, dpbusd: dpbusd_avx2, i16: narrow);
+    super::integer::integer_kernels!("avx2,fma,f16c", dpwssd: dpwssd_avx2, dpbusd: dpbusd_avx2, width: narrow);
 }
 
 // The VNNI multiply-adds are written as `asm!`: with the intrinsics, LLVM's generic x86-64 tuning
@@ -333,10 +333,6 @@ multiply_add!(
     dpbusd_vex(__m256i, ymm_reg): "avx2,fma,f16c,avxvnni", "{{vex}} vpdpbusd {0}, {1}, {2}"
 );
 multiply_add!(
-    /// `vpdpwssd` on 256-bit vectors, EVEX-encoded (AVX-512 VNNI + VL), in any of the 32 registers.
-    dpwssd_evex(__m256i, zmm_reg): "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", "vpdpwssd {0:y}, {1:y}, {2:y}"
-);
-multiply_add!(
     /// `vpdpbusd` on 256-bit vectors, EVEX-encoded.
     dpbusd_evex(__m256i, zmm_reg): "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", "vpdpbusd {0:y}, {1:y}, {2:y}"
 );
@@ -346,15 +342,15 @@ multiply_add!(
 );
 
 pub(crate) mod avx_vnni {
-    super::integer::integer_kernels!("avx2,fma,f16c,avxvnni", dpwssd: dpwssd_vex, dpbusd: dpbusd_vex, i16: narrow);
+    super::integer::integer_kernels!("avx2,fma,f16c,avxvnni", dpwssd: dpwssd_vex, dpbusd: dpbusd_vex, width: narrow);
 }
 
 pub(crate) mod avx512_vnni {
     super::integer::integer_kernels!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-        dpwssd: dpwssd_evex,
+        dpwssd: dpwssd_512,
         dpbusd: dpbusd_evex,
-        i16: wide
+        width: wide
     );
 }
 
