@@ -50,11 +50,19 @@ macro_rules! integer_kernels {
             const PARTS: i32;
             /// Like [`Dot::dot_acc`], with every product gathered in the first part and the others left
             /// as they are: fewer registers per row, each lane gathering `PARTS` times as many products.
-            unsafe fn dot_acc_one(w: Self::WK, q: *const Self, acc: Self::Acc) -> Self::Acc;
+            /// Where an `Acc` is one register, the same as [`Dot::dot_acc`].
+            #[inline(always)]
+            unsafe fn dot_acc_one(w: Self::WK, q: *const Self, acc: Self::Acc) -> Self::Acc {
+                Self::dot_acc(w, q, acc)
+            }
             /// Eight partial sums of everything `acc` gathered, in f32.
             unsafe fn total(acc: Self::Acc) -> __m256;
-            /// [`Dot::total`] of an `acc` that only [`Dot::dot_acc_one`] added to.
-            unsafe fn total_one(acc: Self::Acc) -> __m256;
+            /// [`Dot::total`] of an `acc` that only [`Dot::dot_acc_one`] added to; the same where an
+            /// `Acc` is one register.
+            #[inline(always)]
+            unsafe fn total_one(acc: Self::Acc) -> __m256 {
+                Self::total(acc)
+            }
             /// `v`, made to depend on `acc` (see [`after`]).
             unsafe fn after(v: __m256i, acc: &Self::Acc) -> __m256i;
 
@@ -281,11 +289,6 @@ macro_rules! integer_kernels {
 
             const PARTS: i32 = 1;
 
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn dot_acc_one(w: [__m256i; 2], q: *const i8, acc: __m256i) -> __m256i {
-                Self::dot_acc(w, q, acc)
-            }
 
             #[inline]
             #[target_feature(enable = $features)]
@@ -299,11 +302,6 @@ macro_rules! integer_kernels {
                 _mm256_cvtepi32_ps(acc)
             }
 
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn total_one(acc: __m256i) -> __m256 {
-                Self::total(acc)
-            }
 
             #[inline]
             #[target_feature(enable = $features)]
@@ -359,11 +357,6 @@ macro_rules! integer_kernels {
 
             const PARTS: i32 = 1;
 
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn dot_acc_one(w: [__m512i; 2], q: *const i8, acc: __m512i) -> __m512i {
-                Self::dot_acc(w, q, acc)
-            }
 
             #[inline]
             #[target_feature(enable = $features)]
@@ -378,11 +371,6 @@ macro_rules! integer_kernels {
                 _mm256_cvtepi32_ps(_mm256_add_epi32(first, second))
             }
 
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn total_one(acc: __m512i) -> __m256 {
-                Self::total(acc)
-            }
 
             /// `v` as it is: with 32 vector registers the pin is not needed (see the 16-bit form).
             #[inline]
@@ -548,11 +536,6 @@ macro_rules! integer_kernels {
             /// [`Dot::total_one`].
             const PARTS: i32 = 2;
 
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn dot_acc_one(w: [__m512i; 2], q: *const i16, acc: __m512i) -> __m512i {
-                Self::dot_acc(w, q, acc)
-            }
 
             /// With no sum to add to, the plain multiply-add: a VNNI one would need a zeroed register.
             #[inline]
