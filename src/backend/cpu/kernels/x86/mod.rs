@@ -10,10 +10,11 @@
 //! K-quant's values are widened and scaled at once by two `maddubs` against their scale bytes (even
 //! positions, then odd ones, as the activations are laid out for them), less 32 for Q6_K, whose
 //! stored offset that removes; each activation row then costs two `dpwssd`s. The AVX-512 set decodes
-//! two chunks into one 512-bit vector ([`chunk_pair_k`]) and takes both chunks' even positions in
-//! one `maddubs` and `dpwssd`, their odd ones in another. VNNI does each of
-//! those multiply-adds in one instruction where AVX2 takes two or three ([`integer`]). Weights are
-//! prefetched ahead of use.
+//! two chunks of a K-quant block into one 512-bit vector ([`chunk_pair_k`]): with 16-bit
+//! activations it takes both chunks' even positions in one `maddubs` and `dpwssd`, their odd ones
+//! in another; with 8-bit ones, both chunks in one `maddubs` and one `dpwssd` per row. VNNI does
+//! each of those multiply-adds in one instruction where AVX2 takes two or three ([`integer`]).
+//! Weights are prefetched ahead of use.
 
 // Kernels index several per-row arrays by the same row.
 #![allow(clippy::needless_range_loop)]
