@@ -289,7 +289,6 @@ macro_rules! integer_kernels {
 
             const PARTS: i32 = 1;
 
-
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn dot(w: Bytes, q: *const i8) -> __m256 {
@@ -301,7 +300,6 @@ macro_rules! integer_kernels {
             unsafe fn total(acc: __m256i) -> __m256 {
                 _mm256_cvtepi32_ps(acc)
             }
-
 
             #[inline]
             #[target_feature(enable = $features)]
@@ -337,9 +335,7 @@ macro_rules! integer_kernels {
                 let sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc));
                 // The scale byte in the high byte of each 16-bit lane, shifted down with its sign: chunk
                 // t's in the low 256 bits, chunk t + 1's in the high.
-                let first = _mm512_castsi256_si512(spread(scale_at::<F>(t, 0), scale_at::<F>(t, 1), [false, true]));
-                let second = spread(scale_at::<F>(t + 1, 0), scale_at::<F>(t + 1, 1), [false, true]);
-                let sc = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(sc, _mm512_inserti64x4::<1>(first, second)));
+                let sc = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(sc, spread_pair::<F>(t, [false, true])));
                 [chunk_pair_k::<F>(p, t), sc]
             }
 
@@ -357,7 +353,6 @@ macro_rules! integer_kernels {
 
             const PARTS: i32 = 1;
 
-
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn dot(w: Bytes, q: *const i8) -> __m256 {
@@ -370,7 +365,6 @@ macro_rules! integer_kernels {
                 let (first, second) = (_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64::<1>(acc));
                 _mm256_cvtepi32_ps(_mm256_add_epi32(first, second))
             }
-
 
             /// `v` as it is: with 32 vector registers the pin is not needed (see the 16-bit form).
             #[inline]
@@ -501,12 +495,7 @@ macro_rules! integer_kernels {
             #[target_feature(enable = $features)]
             unsafe fn weights_k<F: BlockK>(p: *const u8, t: usize, sc: __m256i, less32: bool) -> [__m512i; 2] {
                 let sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc));
-                // The scales of chunk t in the low 256 bits, of chunk t + 1 in the high.
-                let spread = |at| {
-                    let first = _mm512_castsi256_si512(spread(scale_at::<F>(t, 0), scale_at::<F>(t, 1), at));
-                    let second = spread(scale_at::<F>(t + 1, 0), scale_at::<F>(t + 1, 1), at);
-                    _mm512_shuffle_epi8(sc, _mm512_inserti64x4::<1>(first, second))
-                };
+                let spread = |at| _mm512_shuffle_epi8(sc, spread_pair::<F>(t, at));
                 let (even, odd) = (spread([true, false]), spread([false, true]));
                 let v = chunk_pair_k::<F>(p, t);
                 let w = [_mm512_maddubs_epi16(v, even), _mm512_maddubs_epi16(v, odd)];
@@ -535,7 +524,6 @@ macro_rules! integer_kernels {
             /// The two halves gather what the narrow form's two parts gather; they meet in
             /// [`Dot::total_one`].
             const PARTS: i32 = 2;
-
 
             /// With no sum to add to, the plain multiply-add: a VNNI one would need a zeroed register.
             #[inline]

@@ -251,6 +251,15 @@ fn spread(lo: usize, hi: usize, at: [bool; 2]) -> __m256i {
     unsafe { std::mem::transmute::<[i8; 32], __m256i>(bytes) }
 }
 
+/// [`spread`] for chunks `t` (in the low 256 bits) and `t + 1` (in the high) of a 512-bit step.
+/// Called with constants, so it folds to a constant.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn spread_pair<F: BlockK>(t: usize, at: [bool; 2]) -> __m512i {
+    let first = _mm512_castsi256_si512(spread(scale_at::<F>(t, 0), scale_at::<F>(t, 1), at));
+    _mm512_inserti64x4::<1>(first, spread(scale_at::<F>(t + 1, 0), scale_at::<F>(t + 1, 1), at))
+}
+
 /// `v`, as if computed from `x` too, at no cost: no instruction emitted. The K-quant kernel passes
 /// its scales through this after each chunk's sums, so that the next chunk's weights are decoded
 /// only once every row has taken the current ones. Left to itself the compiler may instead run one
