@@ -19,7 +19,7 @@ use crate::model::runner::Lm;
 pub const MAX_K: usize = 7;
 /// The verification batch sizes timed; the others are interpolated. A forward's cost grows about
 /// linearly with its tokens once it is compute-bound, and two sizes (with the decode) keep the
-/// whole measurement under a second for the 1.5B target on two cores.
+/// whole measurement near a second for the 1.5B target on two cores.
 const TIMED: [usize; 2] = [3, 8];
 /// SSD's cache hit rate on the code prompts (`saguaro bench`); a miss drafts K tokens first.
 const SSD_HITS: f64 = 0.85;
@@ -80,20 +80,28 @@ pub(crate) fn probe(vocab: usize, n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
 }
 
-/// Milliseconds of one forward of `lm` over `n` probe tokens after its committed ones; the best
-/// of `reps`, since other work on the machine only ever adds time.
-async fn time_forward(lm: &mut dyn Lm, n: usize, reps: usize) -> Result<f64> {
-    let tokens = probe(lm.config().vocab_size, n);
-    let batch = Batch::causal(&tokens, lm.len());
-    let rows: Vec<u32> = (0..n as u32).collect();
-    let mut best = f64::INFINITY;
-    for _ in 0..reps {
-        let t = Instant::now();
-        lm.argmax(&batch, &rows).await?;
-        best = best.min(t.elapsed().as_secs_f64() * 1000.0);
+/// Milliseconds of one forward of `lm` over each of `sizes` probe tokens after its committed
+/// ones, the best of `rounds`, since other work on the machine only ever adds time. The sizes take
+/// turns within a round: a burst of other work then slows one sample of each size rather than
+/// every sample of one, which would skew the ratios the choice rests on.
+async fn time_forwards(lm: &mut dyn Lm, sizes: &[usize], rounds: usize) -> Result<Vec<f64>> {
+    let vocab = lm.config().vocab_size;
+    let mut best = vec![f64::INFINITY; sizes.len()];
+    for _ in 0..rounds {
+        for (best, &n) in best.iter_mut().zip(sizes) {
+            let tokens = probe(vocab, n);
+            let batch = Batch::causal(&tokens, lm.len());
+            let rows: Vec<u32> = (0..n as u32).collect();
+            let t = Instant::now();
+            lm.argmax(&batch, &rows).await?;
+            *best = best.min(t.elapsed().as_secs_f64() * 1000.0);
+        }
     }
     Ok(best)
 }
+
+/// Rounds of timed forwards: the first also pages the weights in, so two remain to compare.
+const ROUNDS: usize = 3;
 
 /// What the draft model costs where it runs, timed there (SSD's draft worker times its own model
 /// and sends these to the engine).
@@ -107,24 +115,21 @@ pub struct DraftCosts {
 
 impl DraftCosts {
     /// Time `draft` over an empty context, which it is left with: a step, and a tree step of
-    /// `tree_rows` rows where that is more than one. The first of the step's three forwards also
-    /// pages the weights in.
+    /// `tree_rows` rows where that is more than one.
     pub async fn measure(draft: &mut dyn Lm, tree_rows: usize) -> Result<DraftCosts> {
         draft.truncate(0);
-        let step_ms = time_forward(draft, 1, 3).await?;
-        let tree_step = match tree_rows > 1 {
-            true => Some((tree_rows, time_forward(draft, tree_rows, 2).await?.max(step_ms))),
-            false => None,
-        };
+        let sizes: &[usize] = if tree_rows > 1 { &[1, tree_rows] } else { &[1] };
+        let ms = time_forwards(draft, sizes, ROUNDS).await?;
         draft.truncate(0);
-        Ok(DraftCosts { step_ms, tree_step })
+        let step_ms = ms[0];
+        Ok(DraftCosts { step_ms, tree_step: ms.get(1).map(|&t| (tree_rows, t.max(step_ms))) })
     }
 }
 
 impl Costs {
     /// Time `target` (and `draft`, if a model drafts) over an empty context; both are left empty.
     /// The matmuls, which read every weight whatever the context, dominate a short generation's
-    /// steps. The first of the decode's three forwards also pages the weights in.
+    /// steps.
     /// `tree_rows`: the widest tree step SSD would run (its fan-out's branches at the largest K).
     pub async fn measure(target: &mut dyn Lm, draft: Option<&mut dyn Lm>, parallel: bool, tree_rows: usize) -> Result<Costs> {
         let costs = Costs::measure_target(target, parallel).await?;
@@ -138,12 +143,14 @@ impl Costs {
     /// come with [`Costs::with_draft`].
     pub async fn measure_target(target: &mut dyn Lm, parallel: bool) -> Result<Costs> {
         target.truncate(0);
-        let decode_ms = time_forward(target, 1, 3).await?;
-        let mut verify_ms = vec![(1, decode_ms)];
-        for n in TIMED {
+        let sizes: Vec<usize> = std::iter::once(1).chain(TIMED).collect();
+        let ms = time_forwards(target, &sizes, ROUNDS).await?;
+        let decode_ms = ms[0];
+        let mut verify_ms: Vec<(usize, f64)> = Vec::with_capacity(sizes.len());
+        for (&n, &t) in sizes.iter().zip(&ms) {
             // More tokens never cost less: a smaller figure is noise from other work.
-            let ms = time_forward(target, n, 2).await?.max(verify_ms.last().map_or(0.0, |v| v.1));
-            verify_ms.push((n, ms));
+            let t = t.max(verify_ms.last().map_or(0.0, |v| v.1));
+            verify_ms.push((n, t));
         }
         Ok(Costs { decode_ms, verify_ms, draft_step_ms: 0.0, tree_step: None, observed: Vec::new(), parallel })
     }
