@@ -15,8 +15,10 @@ echo "== the demo server stays inside its root"
 node tests/web/serve.test.mjs
 
 scripts/build-web.sh
-# The native server the package is tested against as a server target.
-cargo build --release --bin saguaro
+# The native server the package is tested against as a server target: the binary the native
+# tests run (`cargo build` would build it again, without the features the dev-dependencies unify
+# into its dependencies).
+cargo test --release --no-run --test remote
 
 echo "== npm package in Node (packed tarball in a fresh project)"
 work=$(mktemp -d -t saguaro-web-test.XXXXXX)
