@@ -232,6 +232,65 @@ impl Costs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::config::ModelConfig;
+    use futures::executor::block_on;
+    use futures::future::{ready, LocalBoxFuture};
+    use std::time::Duration;
+
+    /// A model whose forward over n tokens sleeps n milliseconds, and `BURST` more in `span`
+    /// forwards from the `burst`-th on (other work on the machine).
+    struct Busy {
+        config: ModelConfig,
+        calls: usize,
+        burst: usize,
+        span: usize,
+    }
+
+    const BURST: Duration = Duration::from_millis(200);
+
+    impl Lm for Busy {
+        fn config(&self) -> &ModelConfig {
+            &self.config
+        }
+        fn backend_name(&self) -> String {
+            "busy".into()
+        }
+        fn len(&self) -> usize {
+            0
+        }
+        fn capacity(&self) -> usize {
+            64
+        }
+        fn truncate(&mut self, _: usize) {}
+        fn advance(&mut self, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn logits<'a>(&'a mut self, _: &'a Batch, _: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
+            unreachable!("the timings ask for argmax only")
+        }
+        fn argmax<'a>(&'a mut self, batch: &'a Batch, rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
+            let burst = (self.burst..self.burst + self.span).contains(&self.calls);
+            self.calls += 1;
+            std::thread::sleep(Duration::from_millis(batch.len() as u64) + if burst { BURST } else { Duration::ZERO });
+            Box::pin(ready(Ok(vec![0; rows.len()])))
+        }
+    }
+
+    #[test]
+    fn a_burst_of_other_work_does_not_skew_the_timed_sizes() {
+        // A burst as long as a round, wherever it falls, leaves each size unslowed samples: it
+        // slows one of each size rather than all of one.
+        let span = 1 + TIMED.len();
+        let forwards = ROUNDS * span;
+        for burst in 0..=forwards - span {
+            let mut lm = Busy { config: ModelConfig::tiny(), calls: 0, burst, span };
+            let costs = block_on(Costs::measure_target(&mut lm, false)).unwrap();
+            assert_eq!(lm.calls, forwards);
+            for &(n, ms) in &costs.verify_ms {
+                assert!(ms < BURST.as_millis() as f64 / 2.0, "burst at forward {burst}: {n} tokens timed at {ms} ms");
+            }
+        }
+    }
 
     /// A tree step over 15 rows costs twice a draft step where the draft runs beside the target.
     fn costs(verify_per_token: f64, draft_step_ms: f64, parallel: bool) -> Costs {
