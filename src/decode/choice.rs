@@ -86,14 +86,13 @@ pub(crate) fn probe(vocab: usize, n: usize) -> Vec<u32> {
 /// every sample of one, which would skew the ratios the choice rests on.
 async fn time_forwards(lm: &mut dyn Lm, sizes: &[usize], rounds: usize) -> Result<Vec<f64>> {
     let vocab = lm.config().vocab_size;
+    let forwards: Vec<(Batch, Vec<u32>)> =
+        sizes.iter().map(|&n| (Batch::causal(&probe(vocab, n), lm.len()), (0..n as u32).collect())).collect();
     let mut best = vec![f64::INFINITY; sizes.len()];
     for _ in 0..rounds {
-        for (best, &n) in best.iter_mut().zip(sizes) {
-            let tokens = probe(vocab, n);
-            let batch = Batch::causal(&tokens, lm.len());
-            let rows: Vec<u32> = (0..n as u32).collect();
+        for (best, (batch, rows)) in best.iter_mut().zip(&forwards) {
             let t = Instant::now();
-            lm.argmax(&batch, &rows).await?;
+            lm.argmax(batch, rows).await?;
             *best = best.min(t.elapsed().as_secs_f64() * 1000.0);
         }
     }
