@@ -83,13 +83,14 @@ fn gpu_plain() -> Option<&'static GpuBackend> {
 
 /// The decode matmul's workgroup widths beside the default's: 64 threads, whose subgroups' sums
 /// meet in workgroup memory where the adapter has subgroups (lavapipe's default is one 8-lane
-/// subgroup); 3, fewer threads than a workgroup's sums and than a subgroup; and 5 through
-/// workgroup memory alone. Each with the thread count it asked for.
+/// subgroup); 64 through workgroup memory alone, a GPU's path in the browser; 3, fewer threads
+/// than a workgroup's sums and than a subgroup; and 5 through workgroup memory alone. Each with
+/// the thread count it asked for.
 fn gpu_widths() -> &'static [(u32, GpuBackend)] {
     use std::sync::OnceLock;
     static WIDTHS: OnceLock<Vec<(u32, GpuBackend)>> = OnceLock::new();
     WIDTHS.get_or_init(|| {
-        [(64, false), (3, false), (5, true)]
+        [(64, false), (64, true), (3, false), (5, true)]
             .into_iter()
             .filter_map(|(n, no_subgroups)| {
                 Some((n, util::open_gpu(GpuOptions { matvec_threads: Some(n), no_subgroups, ..Default::default() })?))
@@ -116,8 +117,9 @@ mod gpu_widths {
 
 /// Each reduction path the adapter offers ran: the shared GPU takes subgroups wherever the adapter
 /// has them, and a matmul on it and on the plain GPU builds the kernel of each path. The decode
-/// matmul's workgroup is one subgroup where the adapter computes on the CPU with a fixed subgroup
-/// size (lavapipe), 64 threads elsewhere.
+/// matmul's workgroup is one subgroup where the adapter computes on the CPU and reports a fixed
+/// subgroup size (lavapipe), with or without subgroup reductions; 4 threads on a CPU adapter that
+/// reports none; 64 threads on a GPU.
 #[test]
 fn gpu_reduction_paths_ran() {
     let Some(g) = util::shared_gpu() else { return };
@@ -126,15 +128,20 @@ fn gpu_reduction_paths_ran() {
         .any(|a| a.info.name == g.adapter_info().name && a.features.contains(wgpu::Features::SUBGROUP));
     assert_eq!(g.subgroups(), offered, "the GPU uses subgroups exactly where its adapter offers them");
     let info = g.adapter_info();
-    let one_subgroup = offered && info.device_type == wgpu::DeviceType::Cpu && info.subgroup_min_size == info.subgroup_max_size;
-    let width = if one_subgroup { info.subgroup_min_size } else { 64 };
+    let lanes = (info.subgroup_min_size == info.subgroup_max_size).then_some(info.subgroup_min_size);
+    let width = match lanes {
+        _ if info.device_type != wgpu::DeviceType::Cpu => 64,
+        Some(n @ 1..=64) => n,
+        Some(65..) => 64,
+        _ => 4,
+    };
     let w = random_weight(DType::Q8_0, 8, 64, 5).unwrap();
     let x = TestRng::new(5).vec(2 * 64);
     let sums = if offered { "SUMS=@sums_subgroup" } else { "SUMS=@sums_workgroup" };
     let mut paths = vec![(g, format!("WG={width},{sums}"))];
     if let Some(plain) = gpu_plain() {
         assert!(!plain.subgroups());
-        paths.push((plain, "WG=64,SUMS=@sums_workgroup".into()));
+        paths.push((plain, format!("WG={width},SUMS=@sums_workgroup")));
     }
     for (b, path) in paths {
         let gw = b.load_weight(&w).unwrap();

@@ -20,20 +20,27 @@ const MAX_MT: usize = 8;
 /// The most threads of a `matmul_rows` workgroup: their NR x MT partial sums must fit the 16 KiB
 /// of workgroup memory every WebGPU device has.
 const MAX_WG: u32 = 64;
+/// `matmul_rows` threads on a CPU adapter that reports no subgroup size.
+const CPU_VECTOR_LANES: u32 = 4;
 
 /// Threads per `matmul_rows` workgroup for the options, whether the adapter computes on the CPU
-/// and its subgroup size where it has subgroups of one fixed size. A CPU runs a subgroup as the
-/// lanes of its vectors: a one-subgroup workgroup walks K in several times the steps of 64
-/// threads and its sums end within the subgroup, with no second stage over workgroup memory
-/// (half the time of the Q8_0 output head on lavapipe). A GPU keeps 64 threads.
+/// and its subgroup size where the adapter reports one fixed size (whether or not the device
+/// reduces within subgroups). A CPU runs a subgroup as the lanes of its vectors: a one-subgroup
+/// workgroup walks K in several times the steps of 64 threads and, with subgroups, its sums end
+/// within the subgroup with no second stage over workgroup memory (half the time of the Q8_0
+/// output head on lavapipe). A CPU adapter that reports no size (a browser's fallback adapter,
+/// SwiftShader) gets 4 threads, a 128-bit vector's f32 lanes: there 64 threads cost 2-6x as much
+/// as 4 (docs/measurements.md, "Decode workgroups on SwiftShader"). A GPU keeps 64 threads.
 pub(super) fn matvec_threads(asked: Option<u32>, cpu_adapter: bool, fixed_subgroup: Option<u32>) -> Result<u32> {
     match (asked, fixed_subgroup) {
         (Some(n), _) if !(1..=MAX_WG).contains(&n) => {
             Err(Error::InvalidArgument(format!("matmul workgroup threads must be 1 to {MAX_WG}, not {n}")))
         }
         (Some(n), _) => Ok(n),
-        (None, Some(lanes)) if cpu_adapter && lanes <= MAX_WG => Ok(lanes),
-        (None, _) => Ok(MAX_WG),
+        (None, _) if !cpu_adapter => Ok(MAX_WG),
+        (None, Some(lanes)) if lanes > MAX_WG => Ok(MAX_WG),
+        (None, Some(lanes)) if lanes > 0 => Ok(lanes),
+        (None, _) => Ok(CPU_VECTOR_LANES),
     }
 }
 
@@ -90,7 +97,9 @@ mod tests {
     fn matvec_workgroups_are_one_cpu_subgroup_or_64_threads() {
         assert_eq!(matvec_threads(None, true, Some(8)).unwrap(), 8);
         assert_eq!(matvec_threads(None, false, Some(32)).unwrap(), 64);
-        assert_eq!(matvec_threads(None, true, None).unwrap(), 64);
+        assert_eq!(matvec_threads(None, false, None).unwrap(), 64);
+        assert_eq!(matvec_threads(None, true, None).unwrap(), 4);
+        assert_eq!(matvec_threads(None, true, Some(0)).unwrap(), 4);
         assert_eq!(matvec_threads(None, true, Some(128)).unwrap(), 64);
         assert_eq!(matvec_threads(Some(5), false, None).unwrap(), 5);
         for bad in [0, 65, u32::MAX] {

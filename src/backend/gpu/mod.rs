@@ -58,8 +58,9 @@ pub struct GpuOptions {
     /// that length where a full cache would take more than 64 of them.
     pub attention_split: Option<usize>,
     /// Threads of a decode, verification or tree step's matmul workgroup (1-64): `None` takes
-    /// one subgroup where the adapter computes on the CPU and its subgroup size is fixed
-    /// (lavapipe's 8 lanes), 64 elsewhere.
+    /// one subgroup where the adapter computes on the CPU and reports one fixed subgroup size
+    /// (lavapipe's 8 lanes), 4 on a CPU adapter that reports none (a browser's fallback
+    /// adapter), 64 on a GPU.
     pub matvec_threads: Option<u32>,
 }
 
@@ -119,8 +120,7 @@ impl GpuBackend {
         let (info, device, queue) = device::open(&opts).await?;
         let cpu_adapter = info.device_type == wgpu::DeviceType::Cpu;
         let attention_split = attention::split_slots(opts.attention_split, cpu_adapter);
-        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        let fixed_subgroup = (subgroups && info.subgroup_min_size == info.subgroup_max_size).then_some(info.subgroup_min_size);
+        let fixed_subgroup = (info.subgroup_min_size == info.subgroup_max_size).then_some(info.subgroup_min_size);
         let matvec_threads = matmul::matvec_threads(opts.matvec_threads, cpu_adapter, fixed_subgroup)?;
         let limits = device.limits();
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
