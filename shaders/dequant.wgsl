@@ -150,3 +150,252 @@ fn wload4_q6_k(e: u32, n: u32) -> vec4<f32> {
     let sc = f32((bitcast<i32>(wbyte(base + 192u + 8u * h + (l >> 4u) + 2u * quad) << 24u)) >> 24u);
     return whalf(base + 208u) * sc * q;
 }
+
+// Units of the decode matmul. A thread takes a row's weights a unit at a time, UV_<dtype> vec4s
+// of it: a quantized unit is 16 values laid out as ggml packs them, so that the unit's scale
+// fields are decoded once (`wunit_<dtype>(e0, u, k)`, for unit `u` of the row whose first element
+// is `e0`, of length `k`) and its quants come a word at a time (`wquad_<dtype>(unit, v)`: vec4 `v`
+// of the unit, whose value is `quad * unit.d[v] + unit.m[v]`). In Q4_K two words hold four values
+// of each of four sub-blocks, where a four-value decode read the block's scales for each four
+// values. `xunit_<dtype>(u)` gives the columns where the unit's vec4s start; neighbouring units
+// lie in neighbouring words, so that neighbouring threads read neighbouring bytes.
+
+struct Unit {
+    // The byte (for float types the element) where the unit's quants start.
+    at: u32,
+    // For types with high bits, the byte where they start and the bit (or value) of the first.
+    hi: u32,
+    bit: u32,
+    d: vec4<f32>,
+    m: vec4<f32>,
+}
+
+const UV_f32: u32 = 1u;
+const UV_f16: u32 = 1u;
+const UV_bf16: u32 = 1u;
+const UV_q4_0: u32 = 4u;
+const UV_q4_1: u32 = 4u;
+const UV_q5_0: u32 = 4u;
+const UV_q5_1: u32 = 4u;
+const UV_q8_0: u32 = 4u;
+const UV_q4_k: u32 = 4u;
+const UV_q5_k: u32 = 4u;
+const UV_q6_k: u32 = 4u;
+
+fn scaled(at: u32, hi: u32, bit: u32, d: f32, m: f32) -> Unit {
+    return Unit(at, hi, bit, vec4<f32>(d), vec4<f32>(m));
+}
+
+// Float types: a unit is four values; `hi` holds how many of them are in the row.
+fn xunit_float(u: u32) -> vec4<u32> {
+    return vec4<u32>(4u * u);
+}
+
+fn wunit_float(e0: u32, u: u32, k: u32) -> Unit {
+    return scaled(e0 + 4u * u, k - 4u * u, 0u, 1.0, 0.0);
+}
+
+fn xunit_f32(u: u32) -> vec4<u32> {
+    return xunit_float(u);
+}
+
+fn xunit_f16(u: u32) -> vec4<u32> {
+    return xunit_float(u);
+}
+
+fn xunit_bf16(u: u32) -> vec4<u32> {
+    return xunit_float(u);
+}
+
+fn wunit_f32(e0: u32, u: u32, k: u32) -> Unit {
+    return wunit_float(e0, u, k);
+}
+
+fn wunit_f16(e0: u32, u: u32, k: u32) -> Unit {
+    return wunit_float(e0, u, k);
+}
+
+fn wunit_bf16(e0: u32, u: u32, k: u32) -> Unit {
+    return wunit_float(e0, u, k);
+}
+
+fn wquad_f32(n: Unit, v: u32) -> vec4<f32> {
+    return wload4_f32(n.at, n.hi);
+}
+
+fn wquad_f16(n: Unit, v: u32) -> vec4<f32> {
+    return wload4_f16(n.at, n.hi);
+}
+
+fn wquad_bf16(n: Unit, v: u32) -> vec4<f32> {
+    return wload4_bf16(n.at, n.hi);
+}
+
+// Q4_0, Q4_1, Q5_0, Q5_1: a unit is half (h) of a 32-value block, two words of nibbles: their low
+// nibbles are values 8h.. 8h + 7 and their high ones 16 + 8h.. 23 + 8h.
+fn xunit_legacy(u: u32) -> vec4<u32> {
+    return vec4<u32>((u >> 1u) * 32u + 8u * (u & 1u)) + vec4<u32>(0u, 4u, 16u, 20u);
+}
+
+fn wquad_legacy(n: Unit, v: u32) -> vec4<f32> {
+    let q = nibbles4(wword(n.at + 4u * (v & 1u)), v >> 1u);
+    if (n.hi == 0u) {
+        return q;
+    }
+    return q + high_bits4(wword(n.hi), n.bit + 4u * (v & 1u) + 16u * (v >> 1u));
+}
+
+fn xunit_q4_0(u: u32) -> vec4<u32> {
+    return xunit_legacy(u);
+}
+
+fn xunit_q4_1(u: u32) -> vec4<u32> {
+    return xunit_legacy(u);
+}
+
+fn xunit_q5_0(u: u32) -> vec4<u32> {
+    return xunit_legacy(u);
+}
+
+fn xunit_q5_1(u: u32) -> vec4<u32> {
+    return xunit_legacy(u);
+}
+
+fn wunit_q4_0(e0: u32, u: u32, k: u32) -> Unit {
+    let base = ((e0 >> 5u) + (u >> 1u)) * 18u;
+    let d = whalf(base);
+    return scaled(base + 2u + 8u * (u & 1u), 0u, 0u, d, -8.0 * d);
+}
+
+fn wunit_q4_1(e0: u32, u: u32, k: u32) -> Unit {
+    let base = ((e0 >> 5u) + (u >> 1u)) * 20u;
+    return scaled(base + 4u + 8u * (u & 1u), 0u, 0u, whalf(base), whalf(base + 2u));
+}
+
+fn wunit_q5_0(e0: u32, u: u32, k: u32) -> Unit {
+    let base = ((e0 >> 5u) + (u >> 1u)) * 22u;
+    let d = whalf(base);
+    return scaled(base + 6u + 8u * (u & 1u), base + 2u, 8u * (u & 1u), d, -16.0 * d);
+}
+
+fn wunit_q5_1(e0: u32, u: u32, k: u32) -> Unit {
+    let base = ((e0 >> 5u) + (u >> 1u)) * 24u;
+    return scaled(base + 8u + 8u * (u & 1u), base + 4u, 8u * (u & 1u), whalf(base), whalf(base + 2u));
+}
+
+fn wquad_q4_0(n: Unit, v: u32) -> vec4<f32> {
+    return wquad_legacy(n, v);
+}
+
+fn wquad_q4_1(n: Unit, v: u32) -> vec4<f32> {
+    return wquad_legacy(n, v);
+}
+
+fn wquad_q5_0(n: Unit, v: u32) -> vec4<f32> {
+    return wquad_legacy(n, v);
+}
+
+fn wquad_q5_1(n: Unit, v: u32) -> vec4<f32> {
+    return wquad_legacy(n, v);
+}
+
+// Q8_0: a unit is half a block, four words of quants.
+fn xunit_q8_0(u: u32) -> vec4<u32> {
+    return vec4<u32>((u >> 1u) * 32u + 16u * (u & 1u)) + vec4<u32>(0u, 4u, 8u, 12u);
+}
+
+fn wunit_q8_0(e0: u32, u: u32, k: u32) -> Unit {
+    let base = ((e0 >> 5u) + (u >> 1u)) * 34u;
+    return scaled(base + 2u + 16u * (u & 1u), 0u, 0u, whalf(base), 0.0);
+}
+
+fn wquad_q8_0(n: Unit, v: u32) -> vec4<f32> {
+    let w = wword(n.at + 4u * v);
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+// Q4_K and Q5_K: unit `i` of a 256-value block (16 units) takes the four values at `l` = 4i % 32
+// of the 32 bytes of quants of chunks c and c + 2 (c = i / 8): the low and high nibbles of each,
+// sub-blocks 2c, 2c + 1, 2c + 4 and 2c + 5, whose 6-bit scales and mins sit in two bytes of each
+// of the three scale words.
+fn xunit_k4(u: u32) -> vec4<u32> {
+    let i = u & 15u;
+    return vec4<u32>((u >> 4u) * 256u + 64u * (i >> 3u) + 4u * (i & 7u)) + vec4<u32>(0u, 32u, 128u, 160u);
+}
+
+fn wunit_k4(e0: u32, u: u32, block_bytes: u32, qs_at: u32) -> Unit {
+    let base = ((e0 >> 8u) + (u >> 4u)) * block_bytes;
+    let i = u & 15u;
+    let c = i >> 3u;
+    let l = 4u * (i & 7u);
+    let dm = unpack2x16float(wq[base >> 2u]);
+    let sh = 16u * c;
+    let s0 = (wq[(base >> 2u) + 1u] >> sh) & 0xffffu;
+    let s1 = (wq[(base >> 2u) + 2u] >> sh) & 0xffffu;
+    let s2 = (wq[(base >> 2u) + 3u] >> sh) & 0xffffu;
+    let sc = vec4<f32>(bytes4((s0 & 0x3f3fu) | (((s2 & 0x0f0fu) | ((s0 & 0xc0c0u) >> 2u)) << 16u)));
+    let mn = vec4<f32>(bytes4((s1 & 0x3f3fu) | ((((s2 >> 4u) & 0x0f0fu) | ((s1 & 0xc0c0u) >> 2u)) << 16u)));
+    var hi = 0u;
+    if (qs_at == 48u) {
+        hi = base + 16u + l;
+    }
+    return Unit(base + qs_at + 32u * c + l, hi, 2u * c, dm.x * sc, -(dm.y * mn));
+}
+
+fn wquad_k4(n: Unit, v: u32) -> vec4<f32> {
+    let q = nibbles4(wq[(n.at + 64u * (v >> 1u)) >> 2u], v & 1u);
+    if (n.hi == 0u) {
+        return q;
+    }
+    let bit = n.bit + (v & 1u) + 4u * (v >> 1u);
+    return q + vec4<f32>(((bytes4(wq[n.hi >> 2u]) >> vec4<u32>(bit)) & vec4<u32>(1u)) << vec4<u32>(4u));
+}
+
+fn xunit_q4_k(u: u32) -> vec4<u32> {
+    return xunit_k4(u);
+}
+
+fn xunit_q5_k(u: u32) -> vec4<u32> {
+    return xunit_k4(u);
+}
+
+fn wunit_q4_k(e0: u32, u: u32, k: u32) -> Unit {
+    return wunit_k4(e0, u, 144u, 16u);
+}
+
+fn wunit_q5_k(e0: u32, u: u32, k: u32) -> Unit {
+    return wunit_k4(e0, u, 176u, 48u);
+}
+
+fn wquad_q4_k(n: Unit, v: u32) -> vec4<f32> {
+    return wquad_k4(n, v);
+}
+
+fn wquad_q5_k(n: Unit, v: u32) -> vec4<f32> {
+    return wquad_k4(n, v);
+}
+
+// Q6_K: unit `i` of a block takes the four values at `l` = 4i % 32 of each quarter of half
+// h = i / 8: one word of each of the half's two 32-byte runs of low bits (quarters 0 and 2, 1 and
+// 3 by nibble), one word of its high bits (two bits a quarter) and a scale byte per quarter.
+fn xunit_q6_k(u: u32) -> vec4<u32> {
+    let i = u & 15u;
+    return vec4<u32>((u >> 4u) * 256u + 128u * (i >> 3u) + 4u * (i & 7u)) + vec4<u32>(0u, 32u, 64u, 96u);
+}
+
+fn wunit_q6_k(e0: u32, u: u32, k: u32) -> Unit {
+    let base = ((e0 >> 8u) + (u >> 4u)) * 210u;
+    let i = u & 15u;
+    let h = i >> 3u;
+    let l = 4u * (i & 7u);
+    let s = base + 192u + 8u * h + (l >> 4u);
+    // The four quarters' scale bytes, 2 apart, sign-extended.
+    let sc = vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(wword(s), wword(s), wword(s + 4u), wword(s + 4u)) << vec4<u32>(24u, 8u, 24u, 8u)) >> vec4<u32>(24u));
+    return Unit(base + 64u * h + l, base + 128u + 32u * h + l, 0u, whalf(base + 208u) * sc, vec4<f32>(0.0));
+}
+
+fn wquad_q6_k(n: Unit, v: u32) -> vec4<f32> {
+    let lo = (bytes4(wword(n.at + 32u * (v & 1u))) >> vec4<u32>(4u * (v >> 1u))) & vec4<u32>(15u);
+    let hi = (bytes4(wword(n.hi)) >> vec4<u32>(2u * v)) & vec4<u32>(3u);
+    return vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32));
+}

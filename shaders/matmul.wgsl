@@ -1,14 +1,17 @@
 // out[m, row0 + r] = dot(x[m, :], W[r, :]) (+ bias), for one row range (part) of W, with W decoded
-// from its storage type by `wload4_{{DTYPE}}` (dequant.wgsl).
+// from its storage type (dequant.wgsl).
 //
 // `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its WG
-// threads split K, and each weight value, decoded once, is used for all MT rows (each activation
-// value loaded, for all NR rows). The partial sums meet in `workgroup_sums`, filled in below from
-// sums_workgroup.wgsl or, where the device has subgroups, sums_subgroup.wgsl.
+// threads split K a unit at a time (`wunit_{{DTYPE}}`: 16 values of a quantized row, 4 of a float
+// one), and each weight value, decoded once, is used for all MT rows (each activation value
+// loaded, for all NR rows). Every output sums its units in the same order whatever M, so that a
+// verification's rows have their decodes' bits. The partial sums meet in `workgroup_sums`, filled
+// in below from sums_workgroup.wgsl or, where the device has subgroups, sums_subgroup.wgsl.
 //
 // `matmul_tiled` serves prefill (M > 64) in 32 x 32 output tiles, x and the decoded W staged
 // through workgroup memory 32 values of K at a time; each of the 64 threads accumulates a 4 x 4
-// block of the tile. It does not use NR and MT.
+// block of the tile, decoding W four values at a time (`wload4_{{DTYPE}}`). It does not use NR
+// and MT.
 
 struct Params {
     m: u32,
@@ -28,6 +31,8 @@ struct Params {
 const WG: u32 = {{WG}}u;
 const NR: u32 = {{NR}}u;
 const MT: u32 = {{MT}}u;
+// Vectors of four values a thread takes of a weight row at a time (dequant.wgsl: the type's unit).
+const UV: u32 = UV_{{DTYPE}};
 
 fn xload4(row: u32, i: u32) -> vec4<f32> {
     let b = row * p.k + i;
@@ -62,19 +67,27 @@ fn matmul_rows(
         return;
     }
     var acc: array<f32, NR * MT>;
-    for (var i = t * 4u; i < p.k; i += WG * 4u) {
-        var w: array<vec4<f32>, NR>;
+    let units = (p.k + 4u * UV - 1u) / (4u * UV);
+    for (var u = t; u < units; u += WG) {
+        let at = xunit_{{DTYPE}}(u);
+        var n: array<Unit, NR>;
         for (var r = 0u; r < NR; r++) {
             // Rows past the part compute on a duplicate of its last row and are never written.
-            w[r] = wload4_{{DTYPE}}(min(r0 + r, p.rows - 1u) * p.k + i, p.k - i);
+            n[r] = wunit_{{DTYPE}}(min(r0 + r, p.rows - 1u) * p.k, u, p.k);
         }
-        for (var mt = 0u; mt < MT; mt++) {
-            if (m0 + mt >= p.m) {
-                break;
-            }
-            let xv = xload4(m0 + mt, i);
+        for (var v = 0u; v < UV; v++) {
+            var w: array<vec4<f32>, NR>;
             for (var r = 0u; r < NR; r++) {
-                acc[r * MT + mt] += dot(w[r], xv);
+                w[r] = wquad_{{DTYPE}}(n[r], v) * n[r].d[v] + n[r].m[v];
+            }
+            for (var mt = 0u; mt < MT; mt++) {
+                if (m0 + mt >= p.m) {
+                    break;
+                }
+                let xv = xload4(m0 + mt, at[v]);
+                for (var r = 0u; r < NR; r++) {
+                    acc[r * MT + mt] += dot(w[r], xv);
+                }
             }
         }
     }
