@@ -151,14 +151,15 @@ fn wload4_q6_k(e: u32, n: u32) -> vec4<f32> {
     return whalf(base + 208u) * sc * q;
 }
 
-// Units of the decode matmul. A thread takes a row's weights a unit at a time, UV_<dtype> vec4s
-// of it: a quantized unit is 16 values laid out as ggml packs them, so that the unit's scale
-// fields are decoded once (`wunit_<dtype>(e0, u, k)`, for unit `u` of the row whose first element
-// is `e0`, of length `k`) and its quants come a word at a time (`wquad_<dtype>(unit, v)`: vec4 `v`
-// of the unit, whose value is `quad * unit.d[v] + unit.m[v]`). In Q4_K two words hold four values
-// of each of four sub-blocks, where a four-value decode read the block's scales for each four
-// values. `xunit_<dtype>(u)` gives the columns where the unit's vec4s start; neighbouring units
-// lie in neighbouring words, so that neighbouring threads read neighbouring bytes.
+// Units of the decode matmul, one family of functions per unit `U` (the kernel's {{UNIT}}: `4`,
+// or a K-quant type). A thread takes a row's weights a unit at a time, UV_U vec4s: the unit's
+// scale fields are decoded once (`wunit_U(e0, u, k)`, for unit `u` of the row whose first element
+// is `e0`, of length `k`), its quants a word at a time (`wquad_U(unit, v)`: vec4 `v` of the unit,
+// decoded), and `xunit_U(u)` gives the columns where its
+// vec4s start. A K-quant unit is 16 values laid out as ggml packs them: in Q4_K two words hold four
+// values of each of four sub-blocks, whose scales a four-value decode read for each four values.
+// Neighbouring units lie in neighbouring words, so that neighbouring threads read neighbouring
+// bytes.
 
 struct Unit {
     // The byte (for float types the element) where the unit's quants start.
@@ -166,152 +167,30 @@ struct Unit {
     // For types with high bits, the byte where they start and the bit (or value) of the first.
     hi: u32,
     bit: u32,
+    // Each vec4's scale and offset: its values are quant * d + m.
     d: vec4<f32>,
     m: vec4<f32>,
 }
 
-const UV_f32: u32 = 1u;
-const UV_f16: u32 = 1u;
-const UV_bf16: u32 = 1u;
-const UV_q4_0: u32 = 4u;
-const UV_q4_1: u32 = 4u;
-const UV_q5_0: u32 = 4u;
-const UV_q5_1: u32 = 4u;
-const UV_q8_0: u32 = 4u;
+const UV_4: u32 = 1u;
 const UV_q4_k: u32 = 4u;
 const UV_q5_k: u32 = 4u;
 const UV_q6_k: u32 = 4u;
 
-fn scaled(at: u32, hi: u32, bit: u32, d: f32, m: f32) -> Unit {
-    return Unit(at, hi, bit, vec4<f32>(d), vec4<f32>(m));
-}
-
-// Float types: a unit is four values; `hi` holds how many of them are in the row.
-fn xunit_float(u: u32) -> vec4<u32> {
+// Float and 32-value-block types take units of four values, decoded by `wload4_{{DTYPE}}`; `hi`
+// holds how many of them are in the row. A 32-value block has one or two scale fields, which
+// larger units would save little of, while on lavapipe four values a thread keep neighbouring
+// threads within a cache line or two (docs/measurements.md, "Units of the decode matmul").
+fn xunit_4(u: u32) -> vec4<u32> {
     return vec4<u32>(4u * u);
 }
 
-fn wunit_float(e0: u32, u: u32, k: u32) -> Unit {
-    return scaled(e0 + 4u * u, k - 4u * u, 0u, 1.0, 0.0);
+fn wunit_4(e0: u32, u: u32, k: u32) -> Unit {
+    return Unit(e0 + 4u * u, k - 4u * u, 0u, vec4<f32>(), vec4<f32>());
 }
 
-fn xunit_f32(u: u32) -> vec4<u32> {
-    return xunit_float(u);
-}
-
-fn xunit_f16(u: u32) -> vec4<u32> {
-    return xunit_float(u);
-}
-
-fn xunit_bf16(u: u32) -> vec4<u32> {
-    return xunit_float(u);
-}
-
-fn wunit_f32(e0: u32, u: u32, k: u32) -> Unit {
-    return wunit_float(e0, u, k);
-}
-
-fn wunit_f16(e0: u32, u: u32, k: u32) -> Unit {
-    return wunit_float(e0, u, k);
-}
-
-fn wunit_bf16(e0: u32, u: u32, k: u32) -> Unit {
-    return wunit_float(e0, u, k);
-}
-
-fn wquad_f32(n: Unit, v: u32) -> vec4<f32> {
-    return wload4_f32(n.at, n.hi);
-}
-
-fn wquad_f16(n: Unit, v: u32) -> vec4<f32> {
-    return wload4_f16(n.at, n.hi);
-}
-
-fn wquad_bf16(n: Unit, v: u32) -> vec4<f32> {
-    return wload4_bf16(n.at, n.hi);
-}
-
-// Q4_0, Q4_1, Q5_0, Q5_1: a unit is half (h) of a 32-value block, two words of nibbles: their low
-// nibbles are values 8h.. 8h + 7 and their high ones 16 + 8h.. 23 + 8h.
-fn xunit_legacy(u: u32) -> vec4<u32> {
-    return vec4<u32>((u >> 1u) * 32u + 8u * (u & 1u)) + vec4<u32>(0u, 4u, 16u, 20u);
-}
-
-fn wquad_legacy(n: Unit, v: u32) -> vec4<f32> {
-    let q = nibbles4(wword(n.at + 4u * (v & 1u)), v >> 1u);
-    if (n.hi == 0u) {
-        return q;
-    }
-    return q + high_bits4(wword(n.hi), n.bit + 4u * (v & 1u) + 16u * (v >> 1u));
-}
-
-fn xunit_q4_0(u: u32) -> vec4<u32> {
-    return xunit_legacy(u);
-}
-
-fn xunit_q4_1(u: u32) -> vec4<u32> {
-    return xunit_legacy(u);
-}
-
-fn xunit_q5_0(u: u32) -> vec4<u32> {
-    return xunit_legacy(u);
-}
-
-fn xunit_q5_1(u: u32) -> vec4<u32> {
-    return xunit_legacy(u);
-}
-
-fn wunit_q4_0(e0: u32, u: u32, k: u32) -> Unit {
-    let base = ((e0 >> 5u) + (u >> 1u)) * 18u;
-    let d = whalf(base);
-    return scaled(base + 2u + 8u * (u & 1u), 0u, 0u, d, -8.0 * d);
-}
-
-fn wunit_q4_1(e0: u32, u: u32, k: u32) -> Unit {
-    let base = ((e0 >> 5u) + (u >> 1u)) * 20u;
-    return scaled(base + 4u + 8u * (u & 1u), 0u, 0u, whalf(base), whalf(base + 2u));
-}
-
-fn wunit_q5_0(e0: u32, u: u32, k: u32) -> Unit {
-    let base = ((e0 >> 5u) + (u >> 1u)) * 22u;
-    let d = whalf(base);
-    return scaled(base + 6u + 8u * (u & 1u), base + 2u, 8u * (u & 1u), d, -16.0 * d);
-}
-
-fn wunit_q5_1(e0: u32, u: u32, k: u32) -> Unit {
-    let base = ((e0 >> 5u) + (u >> 1u)) * 24u;
-    return scaled(base + 8u + 8u * (u & 1u), base + 4u, 8u * (u & 1u), whalf(base), whalf(base + 2u));
-}
-
-fn wquad_q4_0(n: Unit, v: u32) -> vec4<f32> {
-    return wquad_legacy(n, v);
-}
-
-fn wquad_q4_1(n: Unit, v: u32) -> vec4<f32> {
-    return wquad_legacy(n, v);
-}
-
-fn wquad_q5_0(n: Unit, v: u32) -> vec4<f32> {
-    return wquad_legacy(n, v);
-}
-
-fn wquad_q5_1(n: Unit, v: u32) -> vec4<f32> {
-    return wquad_legacy(n, v);
-}
-
-// Q8_0: a unit is half a block, four words of quants.
-fn xunit_q8_0(u: u32) -> vec4<u32> {
-    return vec4<u32>((u >> 1u) * 32u + 16u * (u & 1u)) + vec4<u32>(0u, 4u, 8u, 12u);
-}
-
-fn wunit_q8_0(e0: u32, u: u32, k: u32) -> Unit {
-    let base = ((e0 >> 5u) + (u >> 1u)) * 34u;
-    return scaled(base + 2u + 16u * (u & 1u), 0u, 0u, whalf(base), 0.0);
-}
-
-fn wquad_q8_0(n: Unit, v: u32) -> vec4<f32> {
-    let w = wword(n.at + 4u * v);
-    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+fn wquad_4(n: Unit, v: u32) -> vec4<f32> {
+    return wload4_{{DTYPE}}(n.at, n.hi);
 }
 
 // Q4_K and Q5_K: unit `i` of a 256-value block (16 units) takes the four values at `l` = 4i % 32
@@ -343,12 +222,12 @@ fn wunit_k4(e0: u32, u: u32, block_bytes: u32, qs_at: u32) -> Unit {
 }
 
 fn wquad_k4(n: Unit, v: u32) -> vec4<f32> {
-    let q = nibbles4(wq[(n.at + 64u * (v >> 1u)) >> 2u], v & 1u);
-    if (n.hi == 0u) {
-        return q;
+    var q = nibbles4(wq[(n.at + 64u * (v >> 1u)) >> 2u], v & 1u);
+    if (n.hi != 0u) {
+        let bit = n.bit + (v & 1u) + 4u * (v >> 1u);
+        q += vec4<f32>(((bytes4(wq[n.hi >> 2u]) >> vec4<u32>(bit)) & vec4<u32>(1u)) << vec4<u32>(4u));
     }
-    let bit = n.bit + (v & 1u) + 4u * (v >> 1u);
-    return q + vec4<f32>(((bytes4(wq[n.hi >> 2u]) >> vec4<u32>(bit)) & vec4<u32>(1u)) << vec4<u32>(4u));
+    return n.d[v] * q + n.m[v];
 }
 
 fn xunit_q4_k(u: u32) -> vec4<u32> {
@@ -397,5 +276,5 @@ fn wunit_q6_k(e0: u32, u: u32, k: u32) -> Unit {
 fn wquad_q6_k(n: Unit, v: u32) -> vec4<f32> {
     let lo = (bytes4(wword(n.at + 32u * (v & 1u))) >> vec4<u32>(4u * (v >> 1u))) & vec4<u32>(15u);
     let hi = (bytes4(wword(n.hi)) >> vec4<u32>(2u * v)) & vec4<u32>(3u);
-    return vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32));
+    return n.d[v] * vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32));
 }

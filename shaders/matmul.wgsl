@@ -2,9 +2,9 @@
 // from its storage type (dequant.wgsl).
 //
 // `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its WG
-// threads split K a unit at a time (`wunit_{{DTYPE}}`: 16 values of a quantized row, 4 of a float
-// one), and each weight value, decoded once, is used for all MT rows (each activation value
-// loaded, for all NR rows). Every output sums its units in the same order whatever M, so that a
+// threads split K a unit at a time (dequant.wgsl: 16 values of a K-quant row, 4 of any other),
+// and each weight value, decoded once, is used for all MT rows (each activation value loaded,
+// for all NR rows). Every output sums its units in the same order whatever M, so that a
 // verification's rows have their decodes' bits. The partial sums meet in `workgroup_sums`, filled
 // in below from sums_workgroup.wgsl or, where the device has subgroups, sums_subgroup.wgsl.
 //
@@ -31,8 +31,8 @@ struct Params {
 const WG: u32 = {{WG}}u;
 const NR: u32 = {{NR}}u;
 const MT: u32 = {{MT}}u;
-// Vectors of four values a thread takes of a weight row at a time (dequant.wgsl: the type's unit).
-const UV: u32 = UV_{{DTYPE}};
+// Vectors of four values a thread takes of a weight row at a time.
+const UV: u32 = UV_{{UNIT}};
 
 fn xload4(row: u32, i: u32) -> vec4<f32> {
     let b = row * p.k + i;
@@ -69,16 +69,16 @@ fn matmul_rows(
     var acc: array<f32, NR * MT>;
     let units = (p.k + 4u * UV - 1u) / (4u * UV);
     for (var u = t; u < units; u += WG) {
-        let at = xunit_{{DTYPE}}(u);
+        let at = xunit_{{UNIT}}(u);
         var n: array<Unit, NR>;
         for (var r = 0u; r < NR; r++) {
             // Rows past the part compute on a duplicate of its last row and are never written.
-            n[r] = wunit_{{DTYPE}}(min(r0 + r, p.rows - 1u) * p.k, u, p.k);
+            n[r] = wunit_{{UNIT}}(min(r0 + r, p.rows - 1u) * p.k, u, p.k);
         }
         for (var v = 0u; v < UV; v++) {
             var w: array<vec4<f32>, NR>;
             for (var r = 0u; r < NR; r++) {
-                w[r] = wquad_{{DTYPE}}(n[r], v) * n[r].d[v] + n[r].m[v];
+                w[r] = wquad_{{UNIT}}(n[r], v);
             }
             for (var mt = 0u; mt < MT; mt++) {
                 if (m0 + mt >= p.m) {

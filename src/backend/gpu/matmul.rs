@@ -4,6 +4,7 @@
 //! writing its own columns of the output.
 
 use crate::error::{Error, Result};
+use crate::storage::quant::DType;
 
 use super::pipelines::MATMUL;
 use super::{groups, shape_check, GpuBackend, Tensor, Weight};
@@ -44,6 +45,17 @@ pub(super) fn matvec_threads(asked: Option<u32>, cpu_adapter: bool, fixed_subgro
     }
 }
 
+/// The unit in which `matmul_rows` takes a weight row (dequant.wgsl): 16 values of a K-quant
+/// block, whose scales are decoded once for them (on lavapipe Q4_K's matvec takes 0.6x the time of
+/// four-value units), and four values of any other type, where the 16-value unit gained nothing
+/// there (docs/measurements.md, "Units of the decode matmul").
+fn unit(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Q4K | DType::Q5K | DType::Q6K => dtype.name(),
+        _ => "4",
+    }
+}
+
 impl GpuBackend {
     /// How `matmul_rows` adds up its threads' partial dots (a snippet's name, see pipelines.rs).
     fn sums(&self) -> &'static str {
@@ -63,7 +75,14 @@ impl GpuBackend {
         let kernel = self.kernel(
             &MATMUL,
             if tiled { "matmul_tiled" } else { "matmul_rows" },
-            &[("DTYPE", w.dtype().name()), ("NR", &nr_s), ("MT", &mt_s), ("WG", &wg_s), ("SUMS", self.sums())],
+            &[
+                ("DTYPE", w.dtype().name()),
+                ("UNIT", unit(w.dtype())),
+                ("NR", &nr_s),
+                ("MT", &mt_s),
+                ("WG", &wg_s),
+                ("SUMS", self.sums()),
+            ],
         )?;
         // Without a bias the kernel never reads binding 3; x stands in for it.
         let (bias_buf, bias_bytes) = match bias {
