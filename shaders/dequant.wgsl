@@ -151,20 +151,20 @@ fn wload4_q6_k(e: u32, n: u32) -> vec4<f32> {
     return whalf(base + 208u) * sc * q;
 }
 
-// Units of the decode matmul, one family of functions per unit `U` (the kernel's {{UNIT}}: `4`,
-// or a K-quant type). A thread takes a row's weights a unit at a time, UV_U vec4s: the unit's
-// scale fields are decoded once (`wunit_U(e0, u, k)`, for unit `u` of the row whose first element
-// is `e0`, of length `k`), its quants a word at a time (`wquad_U(unit, v)`: vec4 `v` of the unit,
-// decoded), and `xunit_U(u)` gives the columns where its
-// vec4s start. A K-quant unit is 16 values laid out as ggml packs them: in Q4_K two words hold four
-// values of each of four sub-blocks, whose scales a four-value decode read for each four values.
-// Neighbouring units lie in neighbouring words, so that neighbouring threads read neighbouring
-// bytes.
+// Units of the decode matmul, one family of functions per unit `U` (the kernel's UNIT: `4`, or a
+// K-quant type). A thread takes a row's weights a unit at a time, UV_U vec4s: the unit's scale
+// fields are decoded once (`wunit_U(e0, u, k)`, for unit `u` of the row whose first element is
+// `e0`, of length `k`), its quants a word at a time (`wquad_U(unit, v)`: vec4 `v` of the unit,
+// decoded), and `xunit_U(u)` gives the columns where its vec4s start. A K-quant unit is 16 values
+// laid out as ggml packs them: in Q4_K two words hold four values of each of four sub-blocks,
+// whose scales a four-value decode read for each four values. Neighbouring units lie in
+// neighbouring words, so that neighbouring threads read neighbouring bytes.
 
 struct Unit {
-    // The byte (for float types the element) where the unit's quants start.
+    // The byte where a K-quant unit's quants start; the element where a four-value unit starts.
     at: u32,
-    // For types with high bits, the byte where they start and the bit (or value) of the first.
+    // Where a K-quant has high bits, their byte, and the bit of the unit's first sub-block there;
+    // in a four-value unit, how many of its values lie in the row.
     hi: u32,
     bit: u32,
     // Each vec4's scale and offset: its values are quant * d + m.
