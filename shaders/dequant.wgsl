@@ -161,11 +161,10 @@ fn wload4_q6_k(e: u32, n: u32) -> vec4<f32> {
 // neighbouring words, so that neighbouring threads read neighbouring bytes.
 
 struct Unit {
-    // The byte where a K-quant unit's quants start; the element where a four-value unit starts.
-    at: u32,
-    // Where a K-quant has high bits, their byte, and the bit of the unit's first sub-block there;
-    // in a four-value unit, how many of its values lie in the row.
-    hi: u32,
+    // A K-quant unit's words, read once: two of quants, and one of high bits where the type has
+    // them. A four-value unit's first element and how many of its values lie in the row.
+    w: vec3<u32>,
+    // In Q5_K, the bit of the unit's first sub-block in its word of high bits.
     bit: u32,
     // Each vec4's scale and offset: its values are quant * d + m.
     d: vec4<f32>,
@@ -178,7 +177,7 @@ const UV_q5_k: u32 = 4u;
 const UV_q6_k: u32 = 4u;
 
 // Float and 32-value-block types take units of four values, decoded by `wload4_{{DTYPE}}`; `hi`
-// holds how many of them are in the row. A 32-value block has one or two scale fields, which
+// and how many of them are in the row. A 32-value block has one or two scale fields, which
 // larger units would save little of, while on lavapipe four values a thread keep neighbouring
 // threads within a cache line or two (docs/measurements.md, "Units of the decode matmul").
 fn xunit_4(u: u32) -> vec4<u32> {
@@ -186,11 +185,11 @@ fn xunit_4(u: u32) -> vec4<u32> {
 }
 
 fn wunit_4(e0: u32, u: u32, k: u32) -> Unit {
-    return Unit(e0 + 4u * u, k - 4u * u, 0u, vec4<f32>(), vec4<f32>());
+    return Unit(vec3<u32>(e0 + 4u * u, k - 4u * u, 0u), 0u, vec4<f32>(), vec4<f32>());
 }
 
 fn wquad_4(n: Unit, v: u32) -> vec4<f32> {
-    return wload4_{{DTYPE}}(n.at, n.hi);
+    return wload4_{{DTYPE}}(n.w.x, n.w.y);
 }
 
 // Q4_K and Q5_K: unit `i` of a 256-value block (16 units) takes the four values at `l` = 4i % 32
@@ -214,18 +213,19 @@ fn wunit_k4(e0: u32, u: u32, block_bytes: u32, qs_at: u32) -> Unit {
     let s2 = (wq[(base >> 2u) + 3u] >> sh) & 0xffffu;
     let sc = vec4<f32>(bytes4((s0 & 0x3f3fu) | (((s2 & 0x0f0fu) | ((s0 & 0xc0c0u) >> 2u)) << 16u)));
     let mn = vec4<f32>(bytes4((s1 & 0x3f3fu) | ((((s2 >> 4u) & 0x0f0fu) | ((s1 & 0xc0c0u) >> 2u)) << 16u)));
+    let at = (base + qs_at + 32u * c + l) >> 2u;
     var hi = 0u;
     if (qs_at == 48u) {
-        hi = base + 16u + l;
+        hi = wq[(base + 16u + l) >> 2u];
     }
-    return Unit(base + qs_at + 32u * c + l, hi, 2u * c, dm.x * sc, -(dm.y * mn));
+    return Unit(vec3<u32>(wq[at], wq[at + 16u], hi), 2u * c, dm.x * sc, -(dm.y * mn));
 }
 
-fn wquad_k4(n: Unit, v: u32) -> vec4<f32> {
-    var q = nibbles4(wq[(n.at + 64u * (v >> 1u)) >> 2u], v & 1u);
-    if (n.hi != 0u) {
+fn wquad_k4(n: Unit, v: u32, has_high: bool) -> vec4<f32> {
+    var q = nibbles4(n.w[v >> 1u], v & 1u);
+    if (has_high) {
         let bit = n.bit + (v & 1u) + 4u * (v >> 1u);
-        q += vec4<f32>(((bytes4(wq[n.hi >> 2u]) >> vec4<u32>(bit)) & vec4<u32>(1u)) << vec4<u32>(4u));
+        q += vec4<f32>(((bytes4(n.w.z) >> vec4<u32>(bit)) & vec4<u32>(1u)) << vec4<u32>(4u));
     }
     return n.d[v] * q + n.m[v];
 }
@@ -247,11 +247,11 @@ fn wunit_q5_k(e0: u32, u: u32, k: u32) -> Unit {
 }
 
 fn wquad_q4_k(n: Unit, v: u32) -> vec4<f32> {
-    return wquad_k4(n, v);
+    return wquad_k4(n, v, false);
 }
 
 fn wquad_q5_k(n: Unit, v: u32) -> vec4<f32> {
-    return wquad_k4(n, v);
+    return wquad_k4(n, v, true);
 }
 
 // Q6_K: unit `i` of a block takes the four values at `l` = 4i % 32 of each quarter of half
@@ -270,11 +270,12 @@ fn wunit_q6_k(e0: u32, u: u32, k: u32) -> Unit {
     let s = base + 192u + 8u * h + (l >> 4u);
     // The four quarters' scale bytes, 2 apart, sign-extended.
     let sc = vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(wword(s), wword(s), wword(s + 4u), wword(s + 4u)) << vec4<u32>(24u, 8u, 24u, 8u)) >> vec4<u32>(24u));
-    return Unit(base + 64u * h + l, base + 128u + 32u * h + l, 0u, whalf(base + 208u) * sc, vec4<f32>(0.0));
+    let at = base + 64u * h + l;
+    return Unit(vec3<u32>(wword(at), wword(at + 32u), wword(base + 128u + 32u * h + l)), 0u, whalf(base + 208u) * sc, vec4<f32>(0.0));
 }
 
 fn wquad_q6_k(n: Unit, v: u32) -> vec4<f32> {
-    let lo = (bytes4(wword(n.at + 32u * (v & 1u))) >> vec4<u32>(4u * (v >> 1u))) & vec4<u32>(15u);
-    let hi = (bytes4(wword(n.hi)) >> vec4<u32>(2u * v)) & vec4<u32>(3u);
+    let lo = (bytes4(n.w[v & 1u]) >> vec4<u32>(4u * (v >> 1u))) & vec4<u32>(15u);
+    let hi = (bytes4(n.w.z) >> vec4<u32>(2u * v)) & vec4<u32>(3u);
     return n.d[v] * vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32));
 }
