@@ -153,9 +153,10 @@ fn wload4_q6_k(e: u32, n: u32) -> vec4<f32> {
 
 // Units of the decode matmul, one family of functions per unit `U` (the kernel's UNIT: `4`, or a
 // K-quant type). A thread takes a row's weights a unit at a time, UV_U vec4s: the unit's scale
-// fields are decoded once (`wunit_U(e0, u, k)`, for unit `u` of the row whose first element is
-// `e0`, of length `k`), its quants a word at a time (`wquad_U(unit, v)`: vec4 `v` of the unit,
-// decoded), and `xunit_U(u)` gives the columns where its vec4s start. A K-quant unit is 16 values
+// fields are decoded and a K-quant's words of quants read once (`wunit_U(e0, u, k)`, for unit `u`
+// of the row whose first element is `e0`, of length `k`), its vec4s then decoded from those
+// (`wquad_U(unit, v)`: vec4 `v` of the unit), and `xunit_U(u)` gives the columns where its vec4s
+// start. A K-quant unit is 16 values
 // laid out as ggml packs them: in Q4_K two words hold four values of each of four sub-blocks,
 // whose scales a four-value decode read for each four values. Neighbouring units lie in
 // neighbouring words, so that neighbouring threads read neighbouring bytes.
