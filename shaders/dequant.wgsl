@@ -156,10 +156,10 @@ fn wload4_q6_k(e: u32, n: u32) -> vec4<f32> {
 // fields are decoded and a K-quant's words of quants read once (`wunit_U(e0, u, k)`, for unit `u`
 // of the row whose first element is `e0`, of length `k`), its vec4s then decoded from those
 // (`wquad_U(unit, v)`: vec4 `v` of the unit), and `xunit_U(u)` gives the columns where its vec4s
-// start. A K-quant unit is 16 values
-// laid out as ggml packs them: in Q4_K two words hold four values of each of four sub-blocks,
-// whose scales a four-value decode read for each four values. Neighbouring units lie in
-// neighbouring words, so that neighbouring threads read neighbouring bytes.
+// start. A K-quant unit is 16 values laid out as ggml packs them: in Q4_K two words hold four
+// values of each of four sub-blocks, whose scales a four-value decode read for each four values.
+// Neighbouring units lie in neighbouring words, so that neighbouring threads read neighbouring
+// bytes.
 
 struct Unit {
     // A K-quant unit's words, read once: two of quants, and one of high bits where the type has
@@ -177,8 +177,8 @@ const UV_q4_k: u32 = 4u;
 const UV_q5_k: u32 = 4u;
 const UV_q6_k: u32 = 4u;
 
-// Float and 32-value-block types take units of four values, decoded by `wload4_{{DTYPE}}`; `hi`
-// and how many of them are in the row. A 32-value block has one or two scale fields, which
+// Float and 32-value-block types take units of four values, decoded by `wload4_{{DTYPE}}`; the
+// unit's `w` holds where they start and how many of them are in the row. A 32-value block has one or two scale fields, which
 // larger units would save little of, while on lavapipe four values a thread keep neighbouring
 // threads within a cache line or two (docs/measurements.md, "Units of the decode matmul").
 fn xunit_4(u: u32) -> vec4<u32> {
