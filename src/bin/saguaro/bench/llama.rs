@@ -6,6 +6,10 @@
 //! prompt test (`-p K+1`) runs one batch of K+1 tokens, which gives the cost of a verification in
 //! its decodes (it computes the logits of the batch's last position only, a verification those of
 //! every position).
+//!
+//! llama-bench runs where our target does: on the CPU with no device (`-dev none`), since by
+//! default it offloads every layer to whatever GPU its build finds, which would set a CPU run of
+//! ours beside a GPU run of its; on the GPU with every layer offloaded (`-ngl 99`).
 
 use std::path::Path;
 use std::process::Command;
@@ -26,6 +30,8 @@ pub struct Setup<'a> {
     pub reps: usize,
     /// The K whose verification batch (K + 1 tokens) to time.
     pub ks: &'a [usize],
+    /// Whether our target runs on the GPU.
+    pub gpu: bool,
 }
 
 /// A measurement repeated: its median and range.
@@ -78,6 +84,7 @@ fn bench_once(s: &Setup, threads: usize, batches: &[usize]) -> Result<Call> {
     let mut cmd = Command::new(s.binary);
     cmd.arg("-m").arg(s.model);
     cmd.args(["-t", &threads.to_string(), "-p", &prompt_sizes, "-n", &s.tokens.to_string(), "-r", "1", "-o", "json"]);
+    cmd.args(placement(s.gpu));
     let out = cmd.output().map_err(|source| Error::Io { path: s.binary.display().to_string(), source })?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
@@ -90,6 +97,14 @@ fn bench_once(s: &Setup, threads: usize, batches: &[usize]) -> Result<Call> {
         )));
     }
     parse(&String::from_utf8_lossy(&out.stdout), s.tokens)
+}
+
+/// llama-bench's arguments that put the model where ours runs (see the module doc).
+fn placement(gpu: bool) -> [&'static str; 2] {
+    match gpu {
+        true => ["-ngl", "99"],
+        false => ["-dev", "none"],
+    }
 }
 
 /// Read llama-bench's JSON: an array of tests, each with n_prompt, n_gen and avg_ns.
@@ -187,6 +202,12 @@ mod tests {
         assert!(parse("[]", 32).is_err(), "no decode test");
         assert!(parse("not json", 32).is_err());
         assert!(parse(r#"[{"n_prompt": 0, "n_gen": 32}]"#, 32).is_err(), "no time");
+    }
+
+    #[test]
+    fn runs_where_our_target_runs() {
+        assert_eq!(placement(false), ["-dev", "none"], "a CPU comparison must keep llama.cpp off every GPU");
+        assert_eq!(placement(true), ["-ngl", "99"]);
     }
 
     #[test]

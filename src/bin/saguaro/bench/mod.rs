@@ -19,7 +19,7 @@ use saguaro::engine::{Completion, Engine, GenerateOptions, Prompt};
 use saguaro::model::tokenizer::ChatMessage;
 use saguaro::{Error, Result};
 
-use crate::setup::{EngineArgs, ModeArg};
+use crate::setup::{BackendKind, EngineArgs, ModeArg};
 
 /// Built-in prompts: code completion and chat, the workloads speculation is for.
 const PROMPTS: &[(&str, bool)] = &[
@@ -55,8 +55,9 @@ pub struct BenchArgs {
     /// Write an SVG plot of tokens/s by mode and K to this file.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// A llama.cpp `llama-bench` binary: run it on the same target file and threads, alternated
-    /// with our AR decoding, and report its decode speed beside ours.
+    /// A llama.cpp `llama-bench` binary: run it on the same target file and threads, on the
+    /// CPU or every layer on the GPU as --backend says, alternated with our AR decoding, and report
+    /// its decode speed beside ours.
     #[arg(long)]
     llama_bench: Option<PathBuf>,
     /// How many times to alternate our AR decoding with llama-bench.
@@ -180,6 +181,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 tokens: args.max_tokens,
                 reps: args.llama_reps,
                 ks: &ks,
+                gpu: args.engine.backend == BackendKind::Gpu,
             };
             Some(llama::compare(&setup, &mut engine, &prompts[0])?)
         }
