@@ -581,6 +581,26 @@ impl Engine {
         self.separate_draft || self.lookup.is_some()
     }
 
+    /// Milliseconds of a target forward over each of `sizes` tokens from an empty context, every
+    /// position's argmax read back as a verification reads it; the best of `rounds` (other work on
+    /// the machine only ever adds time). The target is left empty, as every generation starts it.
+    /// Not for a server target, whose forwards run on the server.
+    pub async fn time_target_forwards(&mut self, sizes: &[usize], rounds: usize) -> Result<Vec<f64>> {
+        if self.remote.is_some() {
+            return Err(Error::InvalidArgument("a server target's forwards are not timed here".into()));
+        }
+        if rounds == 0 || sizes.iter().any(|&n| n == 0 || n > self.target.capacity()) {
+            return Err(Error::InvalidArgument(format!(
+                "time_target_forwards: sizes {sizes:?} must be within 1..={} and rounds ({rounds}) at least 1",
+                self.target.capacity()
+            )));
+        }
+        self.target.truncate(0);
+        let ms = crate::decode::choice::time_forwards(self.target.as_mut(), sizes, rounds).await;
+        self.target.truncate(0);
+        ms
+    }
+
     /// The measured choice of mode and K, when the engine made one.
     pub fn choice(&self) -> Option<&Choice> {
         self.choice.as_ref()

@@ -1,6 +1,7 @@
 //! `saguaro synth`: models of real shapes with random weights load and generate (on the CPU) in
 //! every type it writes, a file of fewer layers is the full one's first layers, and bad arguments
-//! are clear errors that leave no file behind.
+//! are clear errors that leave no file behind. Timing the target's forwards on such a model (what
+//! `bench --llama-bench` sets beside llama.cpp) leaves its engine generating what it did before.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -53,6 +54,24 @@ fn every_written_type_loads_and_generates() {
         let distinct = out.tokens.iter().collect::<std::collections::HashSet<_>>().len();
         assert!(distinct > 2, "{name}: random weights that repeat one token: {:?}", out.tokens);
     }
+}
+
+#[test]
+fn timing_the_target_leaves_the_engine_as_it_was() {
+    let file = from_gguf(Arc::new(tiny(Quant::Q4KM, None).model().unwrap().build())).unwrap();
+    let mut engine = block_on(Engine::new(file, None, &EngineOptions::default())).unwrap();
+    let opts = GenerateOptions { max_tokens: 12, ..GenerateOptions::default() };
+    let prompt = Prompt::Text("def quicksort(arr):".into());
+    let before = block_on(engine.generate(&prompt, &opts, &mut |_, _| true)).unwrap().tokens;
+    let ms = block_on(engine.time_target_forwards(&[1, 3, 5], 2)).unwrap();
+    assert_eq!(ms.len(), 3);
+    assert!(ms.iter().all(|&t| t > 0.0 && t.is_finite()), "{ms:?}");
+    for (sizes, rounds) in [(vec![0], 1), (vec![1, 1 << 30], 1), (vec![1], 0)] {
+        let err = block_on(engine.time_target_forwards(&sizes, rounds)).unwrap_err().to_string();
+        assert!(err.contains("time_target_forwards"), "{sizes:?} x {rounds}: {err}");
+    }
+    let after = block_on(engine.generate(&prompt, &opts, &mut |_, _| true)).unwrap().tokens;
+    assert_eq!(after, before);
 }
 
 #[test]

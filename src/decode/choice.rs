@@ -84,7 +84,7 @@ pub(crate) fn probe(vocab: usize, n: usize) -> Vec<u32> {
 /// ones, the best of `rounds`, since other work on the machine only ever adds time. The sizes take
 /// turns within a round: a burst of other work then slows one sample of each size rather than
 /// every sample of one, which would skew the ratios the choice rests on.
-async fn time_forwards(lm: &mut dyn Lm, sizes: &[usize], rounds: usize) -> Result<Vec<f64>> {
+pub(crate) async fn time_forwards(lm: &mut dyn Lm, sizes: &[usize], rounds: usize) -> Result<Vec<f64>> {
     let vocab = lm.config().vocab_size;
     let forwards: Vec<(Batch, Vec<u32>)> =
         sizes.iter().map(|&n| (Batch::causal(&probe(vocab, n), lm.len()), (0..n as u32).collect())).collect();

@@ -5,7 +5,8 @@
 //! llama-bench's decode test (`-n N`) generates N tokens one at a time from an empty context; its
 //! prompt test (`-p K+1`) runs one batch of K+1 tokens, which gives the cost of a verification in
 //! its decodes (it computes the logits of the batch's last position only, a verification those of
-//! every position).
+//! every position). Our own verification's cost, a forward of K+1 tokens in our decodes with
+//! every position's argmax read back, is timed in each alternation beside it.
 //!
 //! llama-bench runs where our target does: on the CPU with no device (`-dev none`), since by
 //! default it offloads every layer to whatever GPU its build finds, which would set a CPU run of
@@ -58,6 +59,8 @@ pub struct BatchRatio {
     pub k: usize,
     /// A batch of K + 1 tokens over one decode, both llama.cpp's.
     pub verify_over_decode: Spread,
+    /// Our verification of K + 1 tokens over our decode, timed in the same alternations.
+    pub saguaro_verify_over_decode: Spread,
 }
 
 #[derive(Serialize)]
@@ -144,8 +147,15 @@ pub fn compare(s: &Setup, engine: &mut Engine, prompt: &Prompt) -> Result<Report
     let batches: Vec<usize> = s.ks.iter().map(|k| k + 1).collect();
     let opts = GenerateOptions { mode: Some(Mode::Ar), max_tokens: s.tokens, ..GenerateOptions::default() };
     let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), vec![Vec::new(); batches.len()]);
+    let mut our_ratios = vec![Vec::new(); batches.len()];
+    let sizes: Vec<usize> = std::iter::once(1).chain(batches.iter().copied()).collect();
     for rep in 0..s.reps {
         let g = block_on(engine.generate(prompt, &opts, &mut |_, _| true))?;
+        // The weights are warm from the generation, so the faster of two rounds is enough.
+        let ms = block_on(engine.time_target_forwards(&sizes, 2))?;
+        for (r, t) in our_ratios.iter_mut().zip(&ms[1..]) {
+            r.push(t / ms[0]);
+        }
         let call = bench_once(s, threads, &batches)?;
         eprintln!(
             "alternation {rep}: saguaro AR {:.1} tok/s, llama.cpp {:.1} tok/s",
@@ -167,7 +177,12 @@ pub fn compare(s: &Setup, engine: &mut Engine, prompt: &Prompt) -> Result<Report
         decode_tokens_per_s: Spread::of(theirs),
         ar_tokens_per_s: Spread::of(ours),
         ar_over_llama: Spread::of(ar_over_llama),
-        verify: s.ks.iter().zip(ratios).map(|(&k, r)| BatchRatio { k, verify_over_decode: Spread::of(r) }).collect(),
+        verify: s
+            .ks
+            .iter()
+            .zip(ratios.into_iter().zip(our_ratios))
+            .map(|(&k, (r, o))| BatchRatio { k, verify_over_decode: Spread::of(r), saguaro_verify_over_decode: Spread::of(o) })
+            .collect(),
     })
 }
 
@@ -186,6 +201,8 @@ pub fn print(r: &Report) {
     );
     let verify: Vec<String> = r.verify.iter().map(|v| format!("K={}: {}", v.k, s(&v.verify_over_decode, 2))).collect();
     println!("  a batch of K+1 in its decodes: {}", verify.join(", "));
+    let ours: Vec<String> = r.verify.iter().map(|v| format!("K={}: {}", v.k, s(&v.saguaro_verify_over_decode, 2))).collect();
+    println!("  saguaro's verification of K+1 (every position's logits) in its decodes: {}", ours.join(", "));
 }
 
 #[cfg(test)]
