@@ -10,7 +10,8 @@
 //!
 //! llama-bench runs where our target does: on the CPU with no device (`-dev none`), since by
 //! default it offloads every layer to whatever GPU its build finds, which would set a CPU run of
-//! ours beside a GPU run of its; on the GPU with every layer offloaded (`-ngl 99`).
+//! ours beside a GPU run of its; on the GPU with every layer offloaded to one device (`-ngl 99
+//! -sm none`: by default it splits the layers over every GPU it finds, where we run on one).
 
 use std::path::Path;
 use std::process::Command;
@@ -103,10 +104,10 @@ fn bench_once(s: &Setup, threads: usize, batches: &[usize]) -> Result<Call> {
 }
 
 /// llama-bench's arguments that put the model where ours runs (see the module doc).
-fn placement(gpu: bool) -> [&'static str; 2] {
+fn placement(gpu: bool) -> &'static [&'static str] {
     match gpu {
-        true => ["-ngl", "99"],
-        false => ["-dev", "none"],
+        true => &["-ngl", "99", "-sm", "none"],
+        false => &["-dev", "none"],
     }
 }
 
@@ -224,7 +225,7 @@ mod tests {
     #[test]
     fn runs_where_our_target_runs() {
         assert_eq!(placement(false), ["-dev", "none"], "a CPU comparison must keep llama.cpp off every GPU");
-        assert_eq!(placement(true), ["-ngl", "99"]);
+        assert_eq!(placement(true), ["-ngl", "99", "-sm", "none"], "every layer on one GPU, as ours");
     }
 
     #[test]
