@@ -301,6 +301,15 @@ fn part<'a, A: Sync>(pool: &Pool, w: &'a Weight, x: &'a [A], m: usize, kernel: R
         let out_ptr = out_ptr;
         let own = c * rows..((c + 1) * rows).min(n);
         let wc = w.rows_range(own.clone());
+        if m == 1 {
+            // One activation row: the chunk's outputs are contiguous in `out`, written in place
+            // (a decode runs thousands of chunks a token).
+            // SAFETY: rows `own` of the single output row are this chunk's alone, within out's n.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(own.start), own.len()) };
+            // SAFETY: `pick` chose kernels this CPU runs; the call holds one activation row.
+            unsafe { kernel(wc, x, 1, o) };
+            return;
+        }
         let mut o = vec![0.0f32; own.len() * MAX_ROWS];
         // Groups of equal size rather than full ones and a remainder: 10 rows as 5 + 5, not 9 + 1.
         let per_group = m.div_ceil(m.div_ceil(MAX_ROWS));
