@@ -178,9 +178,10 @@ const UV_q5_k: u32 = 4u;
 const UV_q6_k: u32 = 4u;
 
 // Float and 32-value-block types take units of four values, decoded by `wload4_{{DTYPE}}`; the
-// unit's `w` holds where they start and how many of them are in the row. A 32-value block has one or two scale fields, which
-// larger units would save little of, while on lavapipe four values a thread keep neighbouring
-// threads within a cache line or two (docs/measurements.md, "Units of the decode matmul").
+// unit's `w` holds where they start and how many of them are in the row. A 32-value block has
+// one or two scale fields, which larger units would save little of, while on lavapipe four values
+// a thread keep neighbouring threads within a cache line or two (docs/measurements.md, "Units of
+// the decode matmul").
 fn xunit_4(u: u32) -> vec4<u32> {
     return vec4<u32>(4u * u);
 }

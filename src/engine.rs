@@ -583,8 +583,9 @@ impl Engine {
 
     /// Milliseconds of a target forward over each of `sizes` tokens from an empty context, every
     /// position's argmax read back as a verification reads it; the best of `rounds` (other work on
-    /// the machine only ever adds time). The target is left empty, as every generation starts it.
-    /// Not for a server target, whose forwards run on the server.
+    /// the machine only ever adds time). Every generation starts its target afresh, so what the
+    /// timing leaves in the cache does not matter. Not for a server target, whose forwards run on
+    /// the server.
     pub async fn time_target_forwards(&mut self, sizes: &[usize], rounds: usize) -> Result<Vec<f64>> {
         if self.remote.is_some() {
             return Err(Error::InvalidArgument("a server target's forwards are not timed here".into()));
@@ -596,9 +597,7 @@ impl Engine {
             )));
         }
         self.target.truncate(0);
-        let ms = crate::decode::choice::time_forwards(self.target.as_mut(), sizes, rounds).await;
-        self.target.truncate(0);
-        ms
+        crate::decode::choice::time_forwards(self.target.as_mut(), sizes, rounds).await
     }
 
     /// The measured choice of mode and K, when the engine made one.
