@@ -83,6 +83,10 @@ export interface LoadOptions {
    * computes on as many where it drafts for SD, on one where it serves SSD alone. 1: the single-thread build. In Node the first load picks the build for
    * the process. */
   threads?: number;
+  /** How a WebGPU model's KV cache stores K and V: 'f16' (default; half the GPU memory, so twice
+   * the context in the same memory, and half the bytes attention reads) or 'f32'. A CPU model's
+   * cache is f32. */
+  kvCache?: 'f16' | 'f32';
 }
 
 export interface GenerateOptions {

@@ -21,6 +21,8 @@ struct Params {
     group: u32,
     head_dim: u32,
     kv_dim: u32,
+    // Cache values per slot: kv_dim, rounded up to whole words.
+    kv_stride: u32,
     stride: u32,
     scale: f32,
     // Entries of the walk per part (a multiple of WG; unsplit, past any walk), and the parts each
@@ -34,8 +36,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> k: array<f32>;
 @group(0) @binding(3) var<storage, read> v: array<f32>;
 @group(0) @binding(4) var<storage, read> batch_meta: array<u32>;
-@group(0) @binding(5) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(6) var<storage, read_write> vc: array<f32>;
 // The output, or with several parts, each part's [output (head_dim), maximum, sum] per query.
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
 @group(0) @binding(8) var<storage, read> parts: array<f32>;
@@ -47,7 +47,10 @@ const MAX_DIMS: u32 = {{DIMS}}u;
 // Below every score, but finite, so that exp(NEG - NEG) is 1 rather than NaN.
 const NEG: f32 = -3.0e38;
 
-// K and V of each batch row into the row's cache slot; one thread per value.
+// The cache's bindings (5 and 6) and how its values are stored: kv_f32.wgsl or kv_f16.wgsl.
+{{KV}}
+
+// K and V of each batch row into the row's cache slot; one thread per cache word.
 @compute @workgroup_size(64)
 fn kv_write(
     @builtin(local_invocation_index) t: u32,
@@ -55,13 +58,13 @@ fn kv_write(
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     let i = (wid.x + wid.y * nwg.x) * 64u + t;
-    if (i >= p.m * p.kv_dim) {
+    let words = p.kv_stride / KV_PER_WORD;
+    if (i >= p.m * words) {
         return;
     }
-    let r = i / p.kv_dim;
-    let at = batch_meta[r] * p.kv_dim + i % p.kv_dim;
-    kc[at] = k[i];
-    vc[at] = v[i];
+    let r = i / words;
+    let e = (i % words) * KV_PER_WORD;
+    kv_put(batch_meta[r] * words + i % words, r * p.kv_dim + e, min(KV_PER_WORD, p.kv_dim - e));
 }
 
 // Queries one workgroup attends for: rows x query heads of one KV head.
@@ -159,9 +162,9 @@ fn attend(
         workgroupBarrier();
         var dots: array<f32, QMAX>;
         if (slot != NO_SLOT) {
-            let kb = slot * p.kv_dim + kv_off;
+            let kb = slot * p.kv_stride + kv_off;
             for (var d = 0u; d < hd; d++) {
-                let kd = kc[kb + d];
+                let kd = k_at(kb + d);
                 for (var i = 0u; i < nq; i++) {
                     dots[i] += qh[i * hd + d] * kd;
                 }
@@ -195,12 +198,12 @@ fn attend(
             if (su == NO_SLOT || c0 + u >= to) {
                 continue;
             }
-            let vb = su * p.kv_dim + kv_off;
+            let vb = su * p.kv_stride + kv_off;
             var vd: array<f32, MAX_DIMS>;
             for (var dd = 0u; dd < MAX_DIMS; dd++) {
                 let d = t + dd * WG;
                 if (d < hd) {
-                    vd[dd] = vc[vb + d];
+                    vd[dd] = v_at(vb + d);
                 }
             }
             for (var i = 0u; i < nq; i++) {

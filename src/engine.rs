@@ -9,7 +9,7 @@
 //! copy is freed here.
 
 use crate::backend::cpu::{CpuBackend, Precision};
-use crate::backend::Backend;
+use crate::backend::{Backend, KvCache};
 use crate::decode::{
     generate_ar, generate_sd, generate_sd_with, generate_ssd, Choice, Costs, DraftCosts, DraftWorker, Fanout, FinishReason,
     Mode, NgramConfig, PromptLookup, Request, SpecConfig, Stats, WorkerDrafter,
@@ -33,8 +33,8 @@ pub enum Device {
     Cpu { threads: usize, precision: Precision },
     /// The GPU through wgpu (WebGPU in the browser): the adapter whose name contains `adapter`,
     /// or the preferred one; `attention_split` and `matvec_threads` as in `GpuOptions` (`None`: by
-    /// adapter).
-    Gpu { adapter: Option<String>, attention_split: Option<usize>, matvec_threads: Option<u32> },
+    /// adapter); the KV cache stored as `kv_cache` says.
+    Gpu { adapter: Option<String>, attention_split: Option<usize>, matvec_threads: Option<u32>, kv_cache: KvCache },
 }
 
 impl Device {
@@ -48,10 +48,11 @@ impl Device {
     pub fn gpu_options(&self) -> Option<crate::backend::gpu::GpuOptions> {
         match self {
             Device::Cpu { .. } => None,
-            Device::Gpu { adapter, attention_split, matvec_threads } => Some(crate::backend::gpu::GpuOptions {
+            Device::Gpu { adapter, attention_split, matvec_threads, kv_cache } => Some(crate::backend::gpu::GpuOptions {
                 adapter: adapter.clone(),
                 attention_split: *attention_split,
                 matvec_threads: *matvec_threads,
+                kv_cache: *kv_cache,
                 ..Default::default()
             }),
         }

@@ -29,7 +29,7 @@
 use futures::executor::block_on;
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
-use saguaro::backend::{random_weight, Activation, AttnShape, Backend, Batch, Mask, Rope, NO_SLOT};
+use saguaro::backend::{random_weight, Activation, AttnShape, Backend, Batch, KvCache, Mask, Rope, NO_SLOT};
 use saguaro::storage::quant::DType;
 use saguaro::storage::Weight;
 use saguaro::Error;
@@ -47,11 +47,15 @@ struct Tol {
     levels: Option<f64>,
     /// Relative error of decoding a weight value.
     decode: f64,
+    /// Whether the KV cache holds K and V rounded to f16, as the reference then takes them.
+    kv_f16: bool,
 }
 
-const CPU_EXACT: Tol = Tol { levels: Some(32767.0), decode: 0.0 };
-const CPU_FAST: Tol = Tol { levels: Some(127.0), decode: 0.0 };
-const GPU: Tol = Tol { levels: None, decode: 1.0 / (1 << 22) as f64 };
+const CPU_EXACT: Tol = Tol { levels: Some(32767.0), decode: 0.0, kv_f16: false };
+const CPU_FAST: Tol = Tol { levels: Some(127.0), decode: 0.0, kv_f16: false };
+const GPU: Tol = Tol { levels: None, decode: 1.0 / (1 << 22) as f64, kv_f16: true };
+/// The GPU with an f32 KV cache (`gpu_kv_f32::*`).
+const GPU_KV_F32: Tol = Tol { kv_f16: false, ..GPU };
 
 fn cpu(precision: Precision) -> &'static CpuBackend {
     use std::sync::OnceLock;
@@ -453,15 +457,16 @@ struct Attn<'a, B: Backend> {
     b: &'a B,
     shape: AttnShape,
     cache: B::Cache,
-    /// Per slot, the K and V rows the reference has written there.
+    /// Per slot, the K and V rows the reference has written there, as the cache stores them.
     slots: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    kv_f16: bool,
     rng: TestRng,
 }
 
 impl<'a, B: Backend> Attn<'a, B> {
-    fn new(b: &'a B, shape: AttnShape, capacity: usize, seed: u64) -> Self {
+    fn new(b: &'a B, tol: &Tol, shape: AttnShape, capacity: usize, seed: u64) -> Self {
         let cache = b.new_cache(2, capacity, shape.n_kv_heads * shape.head_dim).unwrap();
-        Attn { b, shape, cache, slots: vec![None; capacity], rng: TestRng::new(seed) }
+        Attn { b, shape, cache, slots: vec![None; capacity], kv_f16: tol.kv_f16, rng: TestRng::new(seed) }
     }
 
     fn run(&mut self, batch: &Batch, what: &str) {
@@ -473,8 +478,11 @@ impl<'a, B: Backend> Attn<'a, B> {
         // Layer 1 of 2, so that a cache indexing slip into layer 0 shows.
         let out = b.attention(&up(b, m, qd, &q), &up(b, m, kvd, &k), &up(b, m, kvd, &v), &mut self.cache, 1, batch, s).unwrap();
 
+        let stored = |x: &[f32]| -> Vec<f32> {
+            x.iter().map(|&x| if self.kv_f16 { half::f16::from_f32(x).to_f32() } else { x }).collect()
+        };
         for (r, &slot) in batch.slots.iter().enumerate() {
-            self.slots[slot as usize] = Some((k[r * kvd..(r + 1) * kvd].to_vec(), v[r * kvd..(r + 1) * kvd].to_vec()));
+            self.slots[slot as usize] = Some((stored(&k[r * kvd..(r + 1) * kvd]), stored(&v[r * kvd..(r + 1) * kvd])));
         }
         let (mut want, mut tol) = (vec![0.0f64; m * qd], vec![0.0f64; m * qd]);
         for r in 0..m {
@@ -513,7 +521,7 @@ impl<'a, B: Backend> Attn<'a, B> {
     }
 }
 
-fn attention_causal<B: Backend>(b: &B, _: &Tol) {
+fn attention_causal<B: Backend>(b: &B, tol: &Tol) {
     for (i, shape) in [
         AttnShape::new(6, 2, 64),
         AttnShape::new(3, 3, 80),
@@ -524,7 +532,7 @@ fn attention_causal<B: Backend>(b: &B, _: &Tol) {
     .into_iter()
     .enumerate()
     {
-        let mut a = Attn::new(b, shape, 200, 20 + i as u64);
+        let mut a = Attn::new(b, tol, shape, 200, 20 + i as u64);
         // Prefill past two 64-slot chunks, decode one token, verify K+1 = 5, then roll back and
         // overwrite slots 152.. with another continuation.
         a.run(&Batch::causal(&[0; 150], 0), "prefill 150");
@@ -534,13 +542,13 @@ fn attention_causal<B: Backend>(b: &B, _: &Tol) {
     }
 }
 
-fn attention_tree<B: Backend>(b: &B, _: &Tol) {
-    tree_step(b, AttnShape::new(4, 2, 64), 31);
+fn attention_tree<B: Backend>(b: &B, tol: &Tol) {
+    tree_step(b, tol, AttnShape::new(4, 2, 64), 31);
 }
 
 /// A prefill of 70 tokens, then a tree step over it.
-fn tree_step<B: Backend>(b: &B, shape: AttnShape, seed: u64) {
-    let mut a = Attn::new(b, shape, 128, seed);
+fn tree_step<B: Backend>(b: &B, tol: &Tol, shape: AttnShape, seed: u64) {
+    let mut a = Attn::new(b, tol, shape, 128, seed);
     a.run(&Batch::causal(&[0; 70], 0), "prefix of 70");
     // A tree of 5 nodes in slots 80..85 over the 70-token prefix: 0 -> {1, 2}, 1 -> 3, 2 -> 4.
     // Each node attends the prefix (one only part of it, one none of it), its ancestors and
@@ -569,15 +577,15 @@ fn tree_step<B: Backend>(b: &B, shape: AttnShape, seed: u64) {
 
 /// Gemma 3's attention: a sliding window over the prefix (shorter and longer than the rows
 /// reach, and past the GPU's 64-slot chunks) and a scale other than `1 / sqrt(head_dim)`.
-fn attention_windowed_and_scaled<B: Backend>(b: &B, _: &Tol) {
+fn attention_windowed_and_scaled<B: Backend>(b: &B, tol: &Tol) {
     for (i, window) in [1u32, 5, 70, 100, 512].into_iter().enumerate() {
         let shape = AttnShape { scale: 0.0625, window: Some(window), ..AttnShape::new(4, 1, 256) };
-        let mut a = Attn::new(b, shape, 200, 60 + i as u64);
+        let mut a = Attn::new(b, tol, shape, 200, 60 + i as u64);
         a.run(&Batch::causal(&[0; 150], 0), &format!("prefill 150, window {window}"));
         a.run(&Batch::causal(&[0], 150), &format!("decode at 150, window {window}"));
         a.run(&Batch::causal(&[0; 5], 151), &format!("verify 5 at 151, window {window}"));
     }
-    tree_step(b, AttnShape { window: Some(8), ..AttnShape::new(4, 2, 64) }, 66);
+    tree_step(b, tol, AttnShape { window: Some(8), ..AttnShape::new(4, 2, 64) }, 66);
 }
 
 /// A verification of 5 rows after a prefix of `prefix` tokens, and the same rows decoded one at a
@@ -644,6 +652,30 @@ mod gpu_split {
                     super::$op(g, &super::GPU);
                     let built = saguaro::backend::gpu::GpuBackend::kernels_built(g);
                     assert!(built.iter().any(|k| k.starts_with("attention.combine")), "the split walk did not run: {built:?}");
+                }
+            })*
+        };
+    }
+    attention_suite!(attention_causal, attention_tree, attention_windowed_and_scaled);
+}
+
+/// The GPU with its KV cache in f32 (the default caches f16), so that `gpu_kv_f32::*` covers both
+/// ways of storing it; each suite checks the kernel of its way ran.
+fn gpu_kv_f32() -> Option<&'static GpuBackend> {
+    use std::sync::OnceLock;
+    static F32: OnceLock<Option<GpuBackend>> = OnceLock::new();
+    F32.get_or_init(|| util::open_gpu(GpuOptions { kv_cache: KvCache::F32, ..Default::default() })).as_ref()
+}
+
+mod gpu_kv {
+    macro_rules! attention_suite {
+        ($($op:ident),*) => {
+            $(#[test] fn $op() {
+                for (b, tol, kv) in [(super::util::shared_gpu(), &super::GPU, "KV=@kv_f16"), (super::gpu_kv_f32(), &super::GPU_KV_F32, "KV=@kv_f32")] {
+                    let Some(b) = b else { continue };
+                    super::$op(b, tol);
+                    let built = saguaro::backend::gpu::GpuBackend::kernels_built(b);
+                    assert!(built.iter().any(|k| k.starts_with("attention.attend") && k.contains(kv)), "{kv} did not run: {built:?}");
                 }
             })*
         };

@@ -22,6 +22,9 @@ pub struct BenchOptions {
     pub vocab: usize,
     /// Cached tokens the attention benchmark attends over.
     pub context: usize,
+    /// Bytes the backend's KV cache holds per value (4, or 2 for a GPU's f16 cache): what the
+    /// attention's GB/s counts it reading.
+    pub kv_bytes: usize,
     /// Activation rows (batch sizes) for the matmul and element-wise kernels.
     pub rows: Vec<usize>,
     pub dtypes: Vec<DType>,
@@ -47,6 +50,7 @@ impl Default for BenchOptions {
             head_dim: 64,
             vocab: 151_936,
             context: 512,
+            kv_bytes: 4,
             rows: vec![1, 5, 16, 64],
             dtypes: vec![DType::F16, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K],
             reps: 10,
@@ -271,7 +275,7 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
         time!(
             "attention",
             format!("m={m} ctx={} heads={}/{}", o.context, o.n_heads, o.n_kv_heads),
-            4 * (m * q_dim * 2 + 2 * slots * kv_dim),
+            4 * m * q_dim * 2 + o.kv_bytes * 2 * slots * kv_dim,
             4 * slots * q_dim,
             {
                 b.attention(&qa, &ka, &va, &mut cache, 0, &batch, shape)?;

@@ -7,6 +7,7 @@ use wasm_bindgen::prelude::*;
 
 use super::js_error_with;
 use crate::backend::cpu::Precision;
+use crate::backend::KvCache;
 use crate::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig};
 use crate::engine::{Device, EngineOptions, GenerateOptions, Prompt};
 use crate::model::config::ModelConfig;
@@ -53,15 +54,17 @@ pub struct LoadOpts {
     /// CPU threads: the JS side starts the threads build's pool with as many; the CPU backend uses
     /// at most those the pool has (1 in the single-thread builds).
     threads: Option<usize>,
+    /// How a GPU model's KV cache stores K and V: "f16" (the default) or "f32".
+    kv_cache: Option<String>,
 }
 
 /// The most threads the `threads` option takes.
 pub(crate) const MAX_THREADS: usize = 64;
 
-fn device(name: Option<&str>, option: &str, precision: Precision, threads: usize) -> Result<Device, JsValue> {
+fn device(name: Option<&str>, option: &str, precision: Precision, threads: usize, kv_cache: KvCache) -> Result<Device, JsValue> {
     match name.unwrap_or("cpu") {
         "cpu" => Ok(Device::Cpu { threads, precision }),
-        "gpu" => Ok(Device::Gpu { adapter: None, attention_split: None, matvec_threads: None }),
+        "gpu" => Ok(Device::Gpu { adapter: None, attention_split: None, matvec_threads: None, kv_cache }),
         other => Err(invalid(format!("{option}: '{other}' is not a backend (expected 'gpu' or 'cpu')"))),
     }
 }
@@ -99,9 +102,14 @@ impl LoadOpts {
             Some(t) if (1..=MAX_THREADS).contains(&t) => t,
             Some(t) => return Err(invalid(format!("threads: must be 1 to {MAX_THREADS}, got {t}"))),
         };
+        let kv_cache = match self.kv_cache.as_deref() {
+            None => KvCache::default(),
+            Some(name) => KvCache::parse(name)
+                .ok_or_else(|| invalid(format!("kvCache: '{name}' is not a KV cache type (expected 'f16' or 'f32')")))?,
+        };
         Ok(EngineOptions {
-            target: device(self.backend.as_deref(), "backend", Precision::Exact, threads)?,
-            draft: device(self.draft_backend.as_deref(), "draftBackend", Precision::Fast, threads)?,
+            target: device(self.backend.as_deref(), "backend", Precision::Exact, threads, kv_cache)?,
+            draft: device(self.draft_backend.as_deref(), "draftBackend", Precision::Fast, threads, kv_cache)?,
             spec: spec(self.spec_k, self.fanout.as_deref(), self.backup.as_deref())?,
             context,
             // AR needs no draft and is always there: with it listed, a local SD draft makes the

@@ -6,7 +6,7 @@
 //! workgroups of their own and merged by a second pass (as flash-decoding does), so that a decode
 //! does not leave a GPU with two busy workgroups (one per KV head) and the rest idle.
 
-use crate::backend::{AttnShape, Batch};
+use crate::backend::{AttnShape, Batch, KvCache};
 use crate::error::{Error, Result};
 
 use super::buffers::Meta;
@@ -97,18 +97,24 @@ impl GpuBackend {
             group as u32,
             s.head_dim as u32,
             kv_dim as u32,
+            cache.kind.stride(kv_dim) as u32,
             mask.extra_stride as u32,
             f(s.scale),
             split as u32,
             splits as u32,
         ];
-        let cache_bytes = (cache.capacity.max(1) * kv_dim * 4) as u64;
+        let stride = cache.kind.stride(kv_dim);
+        let cache_bytes = (cache.capacity.max(1) * stride * cache.kind.bytes()) as u64;
         let (kc, vc) = ((5, &cache.k[layer], cache_bytes), (6, &cache.v[layer], cache_bytes));
         let meta_bind = (4, &meta, meta.size());
         let dims = s.head_dim.div_ceil(64).to_string();
-        let vars = [("DIMS", dims.as_str())];
+        let kv = match cache.kind {
+            KvCache::F32 => "@kv_f32",
+            KvCache::F16 => "@kv_f16",
+        };
+        let vars = [("DIMS", dims.as_str()), ("KV", kv)];
         let write = self.kernel(&ATTENTION, "kv_write", &vars)?;
-        self.dispatch(&write, &params, &[k.bind(2), v.bind(3), meta_bind, kc, vc], groups(m * kv_dim, 64)?)?;
+        self.dispatch(&write, &params, &[k.bind(2), v.bind(3), meta_bind, kc, vc], groups(m * stride * cache.kind.bytes() / 4, 64)?)?;
         let out = self.tensor(m, q.cols)?;
         let attend = self.kernel(&ATTENTION, "attend", &vars)?;
         // One workgroup per KV head, block of QUERIES (rows x query heads) of it and part.

@@ -5,7 +5,8 @@
 //!   the kernels; no kernel needs `shader-f16`.
 //! - Ops are recorded, not run: a whole forward goes into one compute pass, submitted when a result
 //!   is read back. [`Backend::read`] and [`Backend::argmax`] are the only waits.
-//! - The KV cache lives on the GPU, one `[capacity, kv_dim]` f32 buffer per layer for K and for V.
+//! - The KV cache lives on the GPU, one `[capacity, kv_dim]` buffer per layer for K and for V, in
+//!   f16 by default or in f32 ([`KvCache`]).
 //! - Batch metadata (token ids, RoPE tables, masks) is uploaded once per forward and shared by all
 //!   layers: uploads are cached by content, and every layer passes the same positions and mask.
 
@@ -27,7 +28,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{Activation, AttnShape, Backend, Batch, Rope, TopK};
+use crate::backend::{Activation, AttnShape, Backend, Batch, KvCache, Rope, TopK};
 use crate::error::{Error, Result};
 use crate::storage::Weight as HostWeight;
 
@@ -62,6 +63,8 @@ pub struct GpuOptions {
     /// (lavapipe's 8 lanes), 4 on a CPU adapter that reports none (a browser's fallback
     /// adapter), 64 on a GPU.
     pub matvec_threads: Option<u32>,
+    /// How the KV cache stores K and V (f16 by default).
+    pub kv_cache: KvCache,
 }
 
 /// A row-major `[rows, cols]` f32 matrix on the GPU.
@@ -92,6 +95,8 @@ pub struct Cache {
     v: Vec<wgpu::Buffer>,
     capacity: usize,
     kv_dim: usize,
+    /// How its values are stored (the backend's option when it was made).
+    kind: KvCache,
 }
 
 pub struct GpuBackend {
@@ -113,6 +118,7 @@ pub struct GpuBackend {
     attention_split: usize,
     /// Threads per `matmul_rows` workgroup; see [`GpuOptions::matvec_threads`].
     matvec_threads: u32,
+    kv_cache: KvCache,
 }
 
 impl GpuBackend {
@@ -139,6 +145,7 @@ impl GpuBackend {
             weights: Mutex::new(HashMap::new()),
             attention_split,
             matvec_threads,
+            kv_cache: opts.kv_cache,
         })
     }
 
@@ -214,7 +221,8 @@ impl Backend for GpuBackend {
     }
 
     fn new_cache(&self, n_layers: usize, capacity: usize, kv_dim: usize) -> Result<Cache> {
-        let bytes = (capacity.max(1) * kv_dim * 4) as u64;
+        let kind = self.kv_cache;
+        let bytes = (capacity.max(1) * kind.stride(kv_dim) * kind.bytes()) as u64;
         if bytes > self.max_binding {
             return Err(Error::OutOfMemory(format!(
                 "a KV cache of {capacity} slots x {kv_dim} values needs {bytes} bytes per layer; the device binds at most {}",
@@ -227,6 +235,7 @@ impl Backend for GpuBackend {
             v: (0..n_layers).map(|_| layer()).collect::<Result<_>>()?,
             capacity,
             kv_dim,
+            kind,
         })
     }
 

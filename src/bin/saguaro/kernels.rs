@@ -129,6 +129,7 @@ pub fn bench(args: &BenchKernelsArgs) -> Result<()> {
             }
             // Every path the kernels can take on this adapter, one after the other: with subgroups
             // (where it has them) and through workgroup memory alone.
+            let opts = BenchOptions { kv_bytes: args.device.kv_cache.bytes(), ..opts };
             let gpu = args.device.open_gpu()?;
             let mut runs = vec![(saguaro::backend::Backend::name(&gpu), block_on(bench_kernels(&gpu, &opts))?)];
             if gpu.subgroups() {
