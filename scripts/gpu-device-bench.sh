@@ -156,6 +156,9 @@ main() {
     step "attention-split-$split" 120 "$bin" bench-kernels "${gpu[@]}" --model "$model" --rows 1,5 --dtypes q8_0 \
       --working-set-mb 0 --reps "$reps" --context 4096 --attention-split "$split" --json >"$res/attention-$split.json"
   done
+  section "attention over 4,096 cached tokens with an f32 KV cache (the runs above cache f16)"
+  step attention-kv-f32 120 "$bin" bench-kernels "${gpu[@]}" --model "$model" --rows 1,5 --dtypes q8_0 \
+    --working-set-mb 0 --reps "$reps" --context 4096 --kv-cache f32 --json >"$res/attention-kv-f32.json"
 
   section "decode (AR) and speculation with a self-draft"
   modes=(--modes ar,sd,ssd)
