@@ -242,11 +242,6 @@ impl AttnShape {
     }
 }
 
-/// The ops of a decoder-only transformer. Tensors are row-major `[rows, cols]` f32 activations;
-/// weights keep their storage type. Ops may be queued (the GPU records them into one command
-/// encoder); only [`Backend::read`] and [`Backend::argmax`] wait for results, asynchronously so
-/// that a browser never blocks.
-#[allow(async_fn_in_trait)]
 /// How a GPU backend's KV cache stores K and V; the CPU's holds f32. Attention computes in f32
 /// either way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -289,6 +284,11 @@ impl KvCache {
     }
 }
 
+/// The ops of a decoder-only transformer. Tensors are row-major `[rows, cols]` f32 activations;
+/// weights keep their storage type. Ops may be queued (the GPU records them into one command
+/// encoder); only [`Backend::read`] and [`Backend::argmax`] wait for results, asynchronously so
+/// that a browser never blocks.
+#[allow(async_fn_in_trait)]
 pub trait Backend {
     type Weight: Clone;
     type Tensor;
