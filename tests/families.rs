@@ -33,6 +33,11 @@ fn reference(name: &str) -> Golden {
     golden(&format!("families/{name}"))
 }
 
+/// What the GPU's default f16 KV cache adds: each cached K and V value rounded by up to 2^-11 of
+/// itself (measured on lavapipe: up to 0.0066 with Qwen 3, 0.0032 Llama 3, 0.0041 Phi-3, and Gemma 3
+/// at 0.0111 against its own 0.0042 with an f32 cache).
+const KV_F16_TOL: f32 = 1e-2;
+
 fn tol(name: &str) -> f32 {
     if name == "gemma3" {
         GELU_TABLE_TOL
@@ -41,9 +46,9 @@ fn tol(name: &str) -> f32 {
     }
 }
 
-/// Every case of the family's reference on `backend`: the whole sequence's logits in one batch,
-/// then greedy generation.
-fn check_family<B: Backend>(name: &str, backend: B) {
+/// Every case of the family's reference on `backend`, its logits within `tol` beyond the family's
+/// own tolerance: the whole sequence's logits in one batch, then greedy generation.
+fn check_family<B: Backend>(name: &str, backend: B, tol_beyond: f32) {
     let m = family(name);
     let g = reference(name);
     let capacity = g.cases.iter().map(|c| c.prompt_ids.len() + c.greedy_ids.len() + 1).max().unwrap();
@@ -56,7 +61,7 @@ fn check_family<B: Backend>(name: &str, backend: B) {
         let rows: Vec<u32> = (first as u32..(first + case.top5.len()) as u32).collect();
         lm.truncate(0);
         let logits = block_on(lm.logits(&Batch::causal(&seq, 0), &rows)).unwrap();
-        check_top5(case, &logits, vocab, tol(name), &what);
+        check_top5(case, &logits, vocab, tol(name) + tol_beyond, &what);
         let req = Request {
             prompt: case.prompt_ids.clone(),
             max_tokens: case.greedy_ids.len(),
@@ -71,16 +76,20 @@ fn check_family<B: Backend>(name: &str, backend: B) {
 #[test]
 fn families_match_llama_cpp_on_the_cpu() {
     for name in FAMILIES {
-        check_family(name, CpuBackend::new(0).unwrap());
+        check_family(name, CpuBackend::new(0).unwrap(), 0.0);
     }
 }
 
 #[cfg(feature = "gpu")]
 #[test]
 fn families_match_llama_cpp_on_the_gpu() {
+    use saguaro::backend::gpu::GpuOptions;
+    use saguaro::backend::KvCache;
     for name in FAMILIES {
-        if let Some(gpu) = util::open_gpu(Default::default()) {
-            check_family(name, gpu);
+        for (kv_cache, beyond) in [(KvCache::F32, 0.0), (KvCache::F16, KV_F16_TOL)] {
+            if let Some(gpu) = util::open_gpu(GpuOptions { kv_cache, ..Default::default() }) {
+                check_family(name, gpu, beyond);
+            }
         }
     }
 }

@@ -34,7 +34,8 @@ try {
   const r = await page.evaluate(async ([url, prompt, n]) => {
     const { Saguaro } = await import('/pkg/index.js');
     const t0 = performance.now();
-    const e = await Saguaro.load({ target: url }, { backend: 'gpu', modes: ['ar'], context: 64, cache: false });
+    // An f32 KV cache, as the CPU's: random weights leave near ties that an f16 cache may tip.
+    const e = await Saguaro.load({ target: url }, { backend: 'gpu', modes: ['ar'], context: 64, cache: false, kvCache: 'f32' });
     const t1 = performance.now();
     const g = await e.generate(prompt, { mode: 'ar', maxTokens: n });
     const out = { info: e.info, tokens: g.tokens, loadS: (t1 - t0) / 1000, generateS: (performance.now() - t1) / 1000 };
