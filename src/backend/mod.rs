@@ -255,20 +255,19 @@ pub enum KvCache {
     F32,
 }
 
-impl KvCache {
-    /// The name `--kv-cache` and the JS option `kvCache` take.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvCache::F16 => "f16",
-            KvCache::F32 => "f32",
+/// The names `--kv-cache` and the JS option `kvCache` take.
+impl std::str::FromStr for KvCache {
+    type Err = crate::error::Error;
+    fn from_str(s: &str) -> crate::error::Result<Self> {
+        match s {
+            "f16" => Ok(KvCache::F16),
+            "f32" => Ok(KvCache::F32),
+            _ => Err(crate::error::Error::option("kv_cache", format!("'{s}': expected f16 or f32"))),
         }
     }
+}
 
-    /// The cache of a [`KvCache::name`].
-    pub fn parse(name: &str) -> Option<KvCache> {
-        [KvCache::F16, KvCache::F32].into_iter().find(|c| c.name() == name)
-    }
-
+impl KvCache {
     /// Bytes of one cached value.
     pub fn bytes(self) -> usize {
         match self {

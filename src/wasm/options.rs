@@ -104,8 +104,7 @@ impl LoadOpts {
         };
         let kv_cache = match self.kv_cache.as_deref() {
             None => KvCache::default(),
-            Some(name) => KvCache::parse(name)
-                .ok_or_else(|| invalid(format!("kvCache: '{name}' is not a KV cache type (expected 'f16' or 'f32')")))?,
+            Some(name) => name.parse::<KvCache>().map_err(|e| invalid(format!("kvCache: {e}")))?,
         };
         Ok(EngineOptions {
             target: device(self.backend.as_deref(), "backend", Precision::Exact, threads, kv_cache)?,

@@ -83,6 +83,7 @@ impl GpuBackend {
             batch.slots.iter().chain(&mask.prefix).chain(&start).chain(&mask.extra).copied().collect();
         let meta = self.meta(Meta::Mask, &key, |k| k.to_vec())?;
         let group = s.n_heads / s.n_kv_heads;
+        let stride = cache.kind.stride(kv_dim);
         let part = self.attention_split.max(cache.capacity.div_ceil(MAX_PARTS).next_multiple_of(64));
         let splits = match self.attention_split {
             0 => 1,
@@ -97,13 +98,12 @@ impl GpuBackend {
             group as u32,
             s.head_dim as u32,
             kv_dim as u32,
-            cache.kind.stride(kv_dim) as u32,
+            stride as u32,
             mask.extra_stride as u32,
             f(s.scale),
             split as u32,
             splits as u32,
         ];
-        let stride = cache.kind.stride(kv_dim);
         let cache_bytes = (cache.capacity.max(1) * stride * cache.kind.bytes()) as u64;
         let (kc, vc) = ((5, &cache.k[layer], cache_bytes), (6, &cache.v[layer], cache_bytes));
         let meta_bind = (4, &meta, meta.size());

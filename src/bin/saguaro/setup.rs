@@ -112,12 +112,8 @@ pub struct DeviceArgs {
     /// How a GPU model's KV cache stores K and V: f16 (half the memory and half the bytes
     /// attention reads; top-5 logits stay within 0.02 of the fp32 reference on the golden tests)
     /// or f32. A CPU model's cache is f32.
-    #[arg(long, default_value = "f16", value_parser = parse_kv_cache)]
+    #[arg(long, default_value = "f16")]
     pub kv_cache: KvCache,
-}
-
-fn parse_kv_cache(s: &str) -> std::result::Result<KvCache, String> {
-    KvCache::parse(s).ok_or_else(|| format!("'{s}' is not a KV cache type (expected f16 or f32)"))
 }
 
 impl DeviceArgs {
