@@ -152,7 +152,7 @@ fn wload4_q6_k(e: u32, n: u32) -> vec4<f32> {
 }
 
 // Units of the decode matmul, one family of functions per unit `U` (the kernel's UNIT: `4`, or a
-// K-quant type). A thread takes a row's weights a unit at a time, UV_U vec4s: the unit's scale
+// quantized type other than Q8_0). A thread takes a row's weights a unit at a time, UV_U vec4s: the unit's scale
 // fields are decoded and a K-quant's words of quants read once (`wunit_U(e0, u, k)`, for unit `u`
 // of the row whose first element is `e0`, of length `k`), its vec4s then decoded from those
 // (`wquad_U(unit, v)`: vec4 `v` of the unit), and `xunit_U(u)` gives the columns where its vec4s
@@ -163,7 +163,8 @@ fn wload4_q6_k(e: u32, n: u32) -> vec4<f32> {
 
 struct Unit {
     // A K-quant unit's words, read once: two of quants, and one of high bits where the type has
-    // them. A four-value unit's first element and how many of its values lie in the row.
+    // them. A 32-value block's word of quants and, in Q5_0/Q5_1, of fifth bits. A four-value
+    // unit's first element and how many of its values lie in the row.
     w: vec3<u32>,
     // In Q5_K, the bit of the unit's first sub-block in its word of high bits.
     bit: u32,
@@ -177,11 +178,8 @@ const UV_q4_k: u32 = 4u;
 const UV_q5_k: u32 = 4u;
 const UV_q6_k: u32 = 4u;
 
-// Float and 32-value-block types take units of four values, decoded by `wload4_{{DTYPE}}`; the
-// unit's `w` holds where they start and how many of them are in the row. A 32-value block has
-// one or two scale fields, which larger units would save little of, while on lavapipe four values
-// a thread keep neighbouring threads within a cache line or two (docs/measurements.md, "Units of
-// the decode matmul").
+// Float types and Q8_0 take units of four values, decoded by `wload4_{{DTYPE}}`; the unit's `w`
+// holds where they start and how many of them are in the row.
 fn xunit_4(u: u32) -> vec4<u32> {
     return vec4<u32>(4u * u);
 }
@@ -192,6 +190,84 @@ fn wunit_4(e0: u32, u: u32, k: u32) -> Unit {
 
 fn wquad_4(n: Unit, v: u32) -> vec4<f32> {
     return wload4_{{DTYPE}}(n.w.x, n.w.y);
+}
+
+// 4- and 5-bit 32-value-block types: unit `i` of a block (4 units) takes the word at byte 4i of
+// the block's quants, whose low nibbles are values 4i..4i+3 and high nibbles 4i+16..4i+19. So the
+// block's scale fields (and Q5's word of fifth bits) are read once for eight values, and the four
+// units of a block lie side by side in its bytes, as the lanes that take them do. Q8_0, with one
+// value a byte, gains nothing from it and keeps four-value units (docs/measurements.md, "Vector
+// loads of the activations").
+const UV_q4_0: u32 = 2u;
+const UV_q4_1: u32 = 2u;
+const UV_q5_0: u32 = 2u;
+const UV_q5_1: u32 = 2u;
+
+fn xunit_b32(u: u32) -> vec4<u32> {
+    let c = (u >> 2u) * 32u + 4u * (u & 3u);
+    return vec4<u32>(c, c + 16u, 0u, 0u);
+}
+
+// The byte offset of unit `u`'s block and its quants' word offset in the block, for a row whose
+// first element is `e0`.
+fn b32_at(e0: u32, u: u32, block_bytes: u32) -> vec2<u32> {
+    return vec2<u32>(((e0 >> 5u) + (u >> 2u)) * block_bytes, 4u * (u & 3u));
+}
+
+fn wunit_q4_0(e0: u32, u: u32, k: u32) -> Unit {
+    let b = b32_at(e0, u, 18u);
+    return Unit(vec3<u32>(wword(b.x + 2u + b.y), 0u, 0u), 0u, vec4<f32>(whalf(b.x)), vec4<f32>());
+}
+
+fn wquad_q4_0(n: Unit, v: u32) -> vec4<f32> {
+    return (nibbles4(n.w.x, v) - 8.0) * n.d[v];
+}
+
+fn wunit_q4_1(e0: u32, u: u32, k: u32) -> Unit {
+    let b = b32_at(e0, u, 20u);
+    let dm = unpack2x16float(wq[b.x >> 2u]);
+    return Unit(vec3<u32>(wq[(b.x + 4u + b.y) >> 2u], 0u, 0u), 0u, vec4<f32>(dm.x), vec4<f32>(dm.y));
+}
+
+fn wquad_q4_1(n: Unit, v: u32) -> vec4<f32> {
+    return nibbles4(n.w.x, v) * n.d[v] + n.m[v];
+}
+
+// Q5_0 and Q5_1 keep the unit's eight fifth bits at bits 0-3 and 16-19 of `w.y`.
+fn wunit_q5_0(e0: u32, u: u32, k: u32) -> Unit {
+    let b = b32_at(e0, u, 22u);
+    let d = whalf(b.x);
+    return Unit(vec3<u32>(wword(b.x + 6u + b.y), wword(b.x + 2u) >> b.y, 0u), 0u, vec4<f32>(d), vec4<f32>(-16.0 * d));
+}
+
+fn wunit_q5_1(e0: u32, u: u32, k: u32) -> Unit {
+    let b = b32_at(e0, u, 24u);
+    let dm = unpack2x16float(wq[b.x >> 2u]);
+    return Unit(vec3<u32>(wq[(b.x + 8u + b.y) >> 2u], wq[(b.x + 4u) >> 2u] >> b.y, 0u), 0u, vec4<f32>(dm.x), vec4<f32>(dm.y));
+}
+
+fn wquad_q5_0(n: Unit, v: u32) -> vec4<f32> {
+    return (nibbles4(n.w.x, v) + high_bits4(n.w.y, 16u * v)) * n.d[v] + n.m[v];
+}
+
+fn wquad_q5_1(n: Unit, v: u32) -> vec4<f32> {
+    return wquad_q5_0(n, v);
+}
+
+fn xunit_q4_0(u: u32) -> vec4<u32> {
+    return xunit_b32(u);
+}
+
+fn xunit_q4_1(u: u32) -> vec4<u32> {
+    return xunit_b32(u);
+}
+
+fn xunit_q5_0(u: u32) -> vec4<u32> {
+    return xunit_b32(u);
+}
+
+fn xunit_q5_1(u: u32) -> vec4<u32> {
+    return xunit_b32(u);
 }
 
 // Q4_K and Q5_K: unit `i` of a 256-value block (16 units) takes the four values at `l` = 4i % 32

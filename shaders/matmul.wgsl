@@ -2,11 +2,15 @@
 // from its storage type (dequant.wgsl).
 //
 // `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its WG
-// threads split K a unit at a time (dequant.wgsl: 16 values of a K-quant row, 4 of any other),
-// and each weight value, decoded once, is used for all MT rows (each activation value loaded,
-// for all NR rows). Every output sums its units in the same order whatever M, so that a
-// verification's rows have their decodes' bits. The partial sums meet in `workgroup_sums`, filled
-// in below from sums_workgroup.wgsl or, where the device has subgroups, sums_subgroup.wgsl.
+// threads split K a unit at a time (dequant.wgsl: 16 values of a K-quant row, 8 of a 4- or 5-bit
+// 32-value block, 4 of Q8_0 or a float row), and each weight value, decoded once, is used for
+// all MT rows (each activation value loaded, for all NR rows). Every output sums its units in the
+// same order whatever M, so that a verification's rows have their decodes' bits. The partial
+// sums meet in `workgroup_sums`, filled in below from sums_workgroup.wgsl or, where the device
+// has subgroups, sums_subgroup.wgsl.
+//
+// The activations `x` (binding 1) and `xload4` come from x_vec4.wgsl where K is a multiple of 4,
+// else from x_scalar.wgsl.
 //
 // `matmul_tiled` serves prefill (M > 64) in 32 x 32 output tiles, x and the decoded W staged
 // through workgroup memory 32 values of K at a time; each of the 64 threads accumulates a 4 x 4
@@ -23,7 +27,6 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> wq: array<u32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
@@ -34,17 +37,7 @@ const MT: u32 = {{MT}}u;
 // Vectors of four values a thread takes of a weight row at a time.
 const UV: u32 = UV_{{UNIT}};
 
-fn xload4(row: u32, i: u32) -> vec4<f32> {
-    let b = row * p.k + i;
-    if (i + 4u <= p.k) {
-        return vec4<f32>(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
-    }
-    var v = vec4<f32>(0.0);
-    for (var c = 0u; c < p.k - i; c++) {
-        v[c] = x[b + c];
-    }
-    return v;
-}
+{{X}}
 
 fn finish(col: u32, s: f32) -> f32 {
     if (p.has_bias != 0u) {

@@ -157,6 +157,28 @@ fn gpu_reduction_paths_ran() {
     }
 }
 
+/// The matmul reads activations as vec4s where K is a multiple of 4 and as scalars elsewhere (an
+/// odd K of a float weight); the suites check both paths' results, this that both ran.
+#[test]
+fn gpu_activation_load_paths_ran() {
+    let Some(g) = util::shared_gpu() else { return };
+    for (dtype, k, path) in [(DType::F32, 45, "X=@x_scalar"), (DType::Q5_0, 64, "X=@x_vec4")] {
+        let w = g.load_weight(&random_weight(dtype, 8, k, 6).unwrap()).unwrap();
+        for m in [1, 70] {
+            read(g, &g.matmul(&up(g, m, k, &TestRng::new(6).vec(m * k)), &w, None).unwrap());
+        }
+        let built = g.kernels_built();
+        for entry in ["matmul_rows", "matmul_tiled"] {
+            let name = format!("DTYPE={}", dtype.name());
+            assert!(
+                built.iter().any(|n| n.starts_with(&format!("matmul.{entry}")) && n.contains(&name) && n.contains(path)),
+                "{entry} with {path} did not run: {built:?}"
+            );
+        }
+        println!("{}: {path} ran", g.name());
+    }
+}
+
 macro_rules! suite {
     ($($op:ident),* $(,)?) => {
         mod cpu_exact {

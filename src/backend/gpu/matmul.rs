@@ -47,12 +47,14 @@ pub(super) fn matvec_threads(asked: Option<u32>, cpu_adapter: bool, fixed_subgro
 
 /// The unit in which `matmul_rows` takes a weight row (dequant.wgsl): 16 values of a K-quant
 /// block, whose scales are decoded once for them (on lavapipe Q4_K's matvec takes 0.6x the time of
-/// four-value units), and four values of any other type, where the 16-value unit gained nothing
-/// there (docs/measurements.md, "Units of the decode matmul").
+/// four-value units); 8 values of a 4- or 5-bit 32-value block, the low and high nibbles of one
+/// word, its scale fields read once; four values of Q8_0 and the float types, where larger units
+/// gained nothing there (docs/measurements.md, "Units of the decode matmul" and "Vector loads of
+/// the activations").
 fn unit(dtype: DType) -> &'static str {
     match dtype {
-        DType::Q4K | DType::Q5K | DType::Q6K => dtype.name(),
-        _ => "4",
+        DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 => "4",
+        _ => dtype.name(),
     }
 }
 
@@ -82,6 +84,7 @@ impl GpuBackend {
                 ("MT", &mt_s),
                 ("WG", &wg_s),
                 ("SUMS", self.sums()),
+                ("X", if k % 4 == 0 { "@x_vec4" } else { "@x_scalar" }),
             ],
         )?;
         // Without a bias the kernel never reads binding 3; x stands in for it.

@@ -20,12 +20,14 @@ const DEQUANT: &str = include_str!("../../../shaders/dequant.wgsl");
 
 /// WGSL pieces a kernel takes in place of a placeholder whose value names them (`@name`): one
 /// function written for two kinds of device, or the bindings and accessors of one buffer stored
-/// two ways, so that a kernel need not be written twice.
-const SNIPPETS: [(&str, &str); 4] = [
+/// or read two ways, so that a kernel need not be written twice.
+const SNIPPETS: [(&str, &str); 6] = [
     ("@sums_workgroup", include_str!("../../../shaders/sums_workgroup.wgsl")),
     ("@sums_subgroup", include_str!("../../../shaders/sums_subgroup.wgsl")),
     ("@kv_f32", include_str!("../../../shaders/kv_f32.wgsl")),
     ("@kv_f16", include_str!("../../../shaders/kv_f16.wgsl")),
+    ("@x_vec4", include_str!("../../../shaders/x_vec4.wgsl")),
+    ("@x_scalar", include_str!("../../../shaders/x_scalar.wgsl")),
 ];
 
 pub(super) const MATMUL: Shader =
