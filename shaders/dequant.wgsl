@@ -152,14 +152,14 @@ fn wload4_q6_k(e: u32, n: u32) -> vec4<f32> {
 }
 
 // Units of the decode matmul, one family of functions per unit `U` (the kernel's UNIT: `4`, or a
-// quantized type other than Q8_0). A thread takes a row's weights a unit at a time, UV_U vec4s: the unit's scale
-// fields are decoded and a K-quant's words of quants read once (`wunit_U(e0, u, k)`, for unit `u`
-// of the row whose first element is `e0`, of length `k`), its vec4s then decoded from those
-// (`wquad_U(unit, v)`: vec4 `v` of the unit), and `xunit_U(u)` gives the columns where its vec4s
-// start. A K-quant unit is 16 values laid out as ggml packs them: in Q4_K two words hold four
-// values of each of four sub-blocks, whose scales a four-value decode read for each four values.
-// Neighbouring units lie in neighbouring words, so that neighbouring threads read neighbouring
-// bytes.
+// quantized type other than Q8_0). A thread takes a row's weights a unit at a time, UV_U vec4s:
+// the unit's scale fields are decoded and its words of quants read once (`wunit_U(e0, u, k)`,
+// for unit `u` of the row whose first element is `e0`, of length `k`), its vec4s then decoded
+// from those (`wquad_U(unit, v)`: vec4 `v` of the unit), and `xunit_U(u)` gives the columns where
+// its vec4s start. A K-quant unit is 16 values laid out as ggml packs them: in Q4_K two words hold
+// four values of each of four sub-blocks, whose scales a four-value decode read for each four
+// values. Neighbouring units lie in neighbouring words, so that neighbouring threads read
+// neighbouring bytes.
 
 struct Unit {
     // A K-quant unit's words, read once: two of quants, and one of high bits where the type has
@@ -196,8 +196,8 @@ fn wquad_4(n: Unit, v: u32) -> vec4<f32> {
 // the block's quants, whose low nibbles are values 4i..4i+3 and high nibbles 4i+16..4i+19. So the
 // block's scale fields (and Q5's word of fifth bits) are read once for eight values, and the four
 // units of a block lie side by side in its bytes, as the lanes that take them do. Q8_0, with one
-// value a byte, gains nothing from it and keeps four-value units (docs/measurements.md, "Vector
-// loads of the activations").
+// value a byte, gains nothing from it and keeps four-value units (docs/measurements.md, "Where a
+// decode's time goes, and vector loads of the activations").
 const UV_q4_0: u32 = 2u;
 const UV_q4_1: u32 = 2u;
 const UV_q5_0: u32 = 2u;

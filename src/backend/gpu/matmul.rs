@@ -49,8 +49,8 @@ pub(super) fn matvec_threads(asked: Option<u32>, cpu_adapter: bool, fixed_subgro
 /// block, whose scales are decoded once for them (on lavapipe Q4_K's matvec takes 0.6x the time of
 /// four-value units); 8 values of a 4- or 5-bit 32-value block, the low and high nibbles of one
 /// word, its scale fields read once; four values of Q8_0 and the float types, where larger units
-/// gained nothing there (docs/measurements.md, "Units of the decode matmul" and "Vector loads of
-/// the activations").
+/// gained nothing there (docs/measurements.md, "Units of the decode matmul" and "Where a decode's
+/// time goes, and vector loads of the activations").
 fn unit(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 => "4",
