@@ -167,9 +167,8 @@ fn gpu_activation_load_paths_ran() {
         for m in [1, 70] {
             read(g, &g.matmul(&up(g, m, k, &TestRng::new(6).vec(m * k)), &w, None).unwrap());
         }
-        let built = g.kernels_built();
+        let (built, name) = (g.kernels_built(), format!("DTYPE={}", dtype.name()));
         for entry in ["matmul_rows", "matmul_tiled"] {
-            let name = format!("DTYPE={}", dtype.name());
             assert!(
                 built.iter().any(|n| n.starts_with(&format!("matmul.{entry}")) && n.contains(&name) && n.contains(path)),
                 "{entry} with {path} did not run: {built:?}"
