@@ -27,8 +27,7 @@ fn glu(
 ) {
     let i = index(t, wid, nwg);
     if (i < p.n) {
-        let g = a[i];
-        out[i] = g / (1.0 + exp(-(g * (p.a + p.b * g * g)))) * b[i];
+        out[i] = gated(a[i], b[i], p.a, p.b);
     }
 }
 

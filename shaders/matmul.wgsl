@@ -12,6 +12,12 @@
 // The activations `x` (binding 1) and `xload4` come from x_vec4.wgsl where K is a multiple of 4,
 // else from x_scalar.wgsl.
 //
+// Each output goes through `store`, which does what the call's epilogue says (Rust's
+// `Epilogue`): store it; add it to what `out` holds, a residual connection's add in the matmul's
+// pass; or gate it, `out = gated(side, value)` (gate.wgsl), the up projection of a gated
+// feed-forward unit taking its gate projection from `side`. One pass serves two ops, as the
+// separate add and glu kernels would have, to the bit.
+//
 // `matmul_tiled` serves prefill (M > 64) in 32 x 32 output tiles, x and the decoded W staged
 // through workgroup memory 32 values of K at a time; each of the 64 threads accumulates a 4 x 4
 // block of the tile, decoding W four values at a time (`wload4_{{DTYPE}}`). It does not use NR
@@ -24,12 +30,17 @@ struct Params {
     row0: u32,
     rows: u32,
     has_bias: u32,
+    epilogue: u32,
+    // The gating epilogue's activation coefficients (gate.wgsl).
+    ga: f32,
+    gb: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> wq: array<u32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> side: array<f32>;
 
 const WG: u32 = {{WG}}u;
 const NR: u32 = {{NR}}u;
@@ -39,11 +50,27 @@ const UV: u32 = UV_{{UNIT}};
 
 {{X}}
 
-fn finish(col: u32, s: f32) -> f32 {
+// The epilogues; 0 stores.
+const ADD: u32 = 1u;
+const GATE: u32 = 2u;
+
+fn store(row: u32, col: u32, s: f32) {
+    var v = s;
     if (p.has_bias != 0u) {
-        return s + bias[col];
+        v += bias[col];
     }
-    return s;
+    let i = row * p.n + col;
+    switch p.epilogue {
+        case ADD: {
+            out[i] += v;
+        }
+        case GATE: {
+            out[i] = gated(side[i], v, p.ga, p.gb);
+        }
+        default: {
+            out[i] = v;
+        }
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -89,8 +116,7 @@ fn matmul_rows(
         let r = r0 + j / MT;
         let row = m0 + j % MT;
         if (r < p.rows && row < p.m) {
-            let col = p.row0 + r;
-            out[row * p.n + col] = finish(col, acc[j]);
+            store(row, p.row0 + r, acc[j]);
         }
     }
 }
@@ -158,7 +184,7 @@ fn matmul_tiled(
         for (var c = 0u; c < 4u; c++) {
             let r = n0 + tx * 4u + c;
             if (row < p.m && r < p.rows) {
-                out[row * p.n + p.row0 + r] = finish(p.row0 + r, acc[i][c]);
+                store(row, p.row0 + r, acc[i][c]);
             }
         }
     }

@@ -178,6 +178,24 @@ fn gpu_activation_load_paths_ran() {
     }
 }
 
+/// The GPU's fused projections are one pass each (the gated unit's gate projection is another),
+/// where the separate ops take two.
+#[test]
+fn gpu_fused_projections_are_one_pass() {
+    // A backend of its own: other tests dispatch on the shared one meanwhile.
+    let Some(g) = &util::open_gpu(GpuOptions::default()) else { return };
+    let k = 64;
+    let [w1, w2] = [1, 2].map(|s| g.load_weight(&random_weight(DType::Q8_0, 16, k, s).unwrap()).unwrap());
+    let x = up(g, 2, k, &TestRng::new(8).vec(2 * k));
+    let mut into = up(g, 2, 16, &[0.0; 32]);
+    let before = g.dispatches_recorded();
+    g.matmul_add(&x, &w1, &mut into).unwrap();
+    assert_eq!(g.dispatches_recorded() - before, 1, "matmul_add");
+    let before = g.dispatches_recorded();
+    read(g, &g.gated_matmul(&x, &w1, &w2, Activation::Silu).unwrap());
+    assert_eq!(g.dispatches_recorded() - before, 2, "gated_matmul");
+}
+
 macro_rules! suite {
     ($($op:ident),* $(,)?) => {
         mod cpu_exact {
@@ -213,6 +231,7 @@ suite!(
     matmul,
     matmul_bias_and_long_rows,
     matmuls_equal_separate_matmuls,
+    fused_projections_equal_separate_ops,
     attention_causal,
     attention_tree,
     attention_windowed_and_scaled,
@@ -470,6 +489,35 @@ fn matmuls_equal_separate_matmuls<B: Backend>(b: &B, _: &Tol) {
     }
     let short_bias = b.load_weight(&Weight::from_f32(1, 3, &[0.0; 3])).unwrap();
     assert!(b.matmuls(&up(b, 1, k, &vec![0.0; k]), [(&ws[0], None), (&ws[1], Some(&short_bias))]).is_err());
+}
+
+/// A residual connection's projection and a gated unit's input side, which the GPU runs fused
+/// into the matmul's pass: the same bits as the separate ops, for a decode, a verification and a
+/// prefill (the GPU's tiled kernel), for each activation.
+fn fused_projections_equal_separate_ops<B: Backend>(b: &B, _: &Tol) {
+    let k = 512;
+    let mut rng = TestRng::new(71);
+    let [gate, upw, down] = [(DType::Q4K, 40), (DType::Q6K, 40), (DType::Q8_0, 24)]
+        .map(|(dtype, rows)| b.load_weight(&random_weight(dtype, rows, k, rows as u64 + 1).unwrap()).unwrap());
+    for m in [1, 5, 70] {
+        let x = up(b, m, k, &(0..m * k).map(|_| rng.activation()).collect::<Vec<_>>());
+        let resid = rng.vec(m * 24);
+        let mut fused = up(b, m, 24, &resid);
+        b.matmul_add(&x, &down, &mut fused).unwrap();
+        let mut separate = up(b, m, 24, &resid);
+        b.add_assign(&mut separate, &b.matmul(&x, &down, None).unwrap()).unwrap();
+        assert!(same_bits(&read(b, &fused), &read(b, &separate)), "{}: matmul_add at m={m}", b.name());
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let fused = read(b, &b.gated_matmul(&x, &gate, &upw, act).unwrap());
+            let (g, u) = (b.matmul(&x, &gate, None).unwrap(), b.matmul(&x, &upw, None).unwrap());
+            let separate = read(b, &b.glu(&g, &u, act).unwrap());
+            assert!(same_bits(&fused, &separate), "{}: gated_matmul {act:?} at m={m}", b.name());
+        }
+    }
+    let x = up(b, 2, k, &vec![0.0; 2 * k]);
+    assert!(b.matmul_add(&x, &down, &mut up(b, 2, 23, &[0.0; 46])).is_err(), "{}: a residual of the wrong width", b.name());
+    assert!(b.matmul_add(&x, &down, &mut up(b, 1, 24, &[0.0; 24])).is_err(), "{}: a residual of too few rows", b.name());
+    assert!(b.gated_matmul(&x, &gate, &down, Activation::Silu).is_err(), "{}: gate and up of different widths", b.name());
 }
 
 /// Attention calls on one backend with its cache carried over between calls, and the reference's

@@ -317,6 +317,18 @@ pub trait Backend {
     ) -> Result<[Self::Tensor; N]> {
         all_ok(ws.map(|(w, bias)| self.matmul(x, w, bias)))
     }
+    /// `into += x @ w^T`: a residual connection's projection, equal to [`Backend::add_assign`] of
+    /// [`Backend::matmul`]. The GPU adds in the matmul's own pass.
+    fn matmul_add(&self, x: &Self::Tensor, w: &Self::Weight, into: &mut Self::Tensor) -> Result<()> {
+        let y = self.matmul(x, w, None)?;
+        self.add_assign(into, &y)
+    }
+    /// `act(x @ gate^T) * (x @ up^T)`: a gated feed-forward unit's input side, equal to
+    /// [`Backend::glu`] of the two [`Backend::matmuls`]. The GPU gates in the up projection's pass.
+    fn gated_matmul(&self, x: &Self::Tensor, gate: &Self::Weight, up: &Self::Weight, act: Activation) -> Result<Self::Tensor> {
+        let [g, u] = self.matmuls(x, [(gate, None), (up, None)])?;
+        self.glu(&g, &u, act)
+    }
     /// RoPE (see [`Rope`]) of each head of `x [m, heads * head_dim]` at `positions[m]`.
     fn rope(&self, x: &mut Self::Tensor, positions: &[u32], rope: &Rope) -> Result<()>;
     /// Write `k`, `v` of the batch into `cache` at layer `layer`, then attend `q` over the slots

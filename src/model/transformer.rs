@@ -66,6 +66,11 @@ impl<B: Backend> Transformer<B> {
             Some(w) => b.rms_norm(&x, w, eps),
             None => Ok(x),
         };
+        // x += its sublayer's projection of `h`, normed first where the family norms it (Gemma).
+        let residual = |x: &mut B::Tensor, h: &B::Tensor, w: &B::Weight, post_norm: &Option<B::Weight>| match post_norm {
+            Some(n) => b.add_assign(x, &b.rms_norm(&b.matmul(h, w, None)?, n, eps)?),
+            None => b.matmul_add(h, w, x),
+        };
         // Every windowed layer has the same window: the batch is checked against it once.
         check_window(batch, (0..c.n_layers).find_map(|i| c.attn_shape(i).window))?;
         let mut x = b.embed(&self.weights.embed, &batch.tokens, c.embed_scale())?;
@@ -78,11 +83,10 @@ impl<B: Backend> Transformer<B> {
             b.rope(&mut q, &batch.positions, &rope)?;
             b.rope(&mut k, &batch.positions, &rope)?;
             let att = b.attention(&q, &k, &v, cache, i, batch, shape)?;
-            b.add_assign(&mut x, &norm(b.matmul(&att, &l.wo, None)?, &l.post_attn_norm)?)?;
+            residual(&mut x, &att, &l.wo, &l.post_attn_norm)?;
             let h = b.rms_norm(&x, &l.ffn_norm, eps)?;
-            let [gate, up] = b.matmuls(&h, [(&l.w_gate, None), (&l.w_up, None)])?;
-            let act = b.glu(&gate, &up, c.family().activation)?;
-            b.add_assign(&mut x, &norm(b.matmul(&act, &l.w_down, None)?, &l.post_ffn_norm)?)?;
+            let act = b.gated_matmul(&h, &l.w_gate, &l.w_up, c.family().activation)?;
+            residual(&mut x, &act, &l.w_down, &l.post_ffn_norm)?;
         }
         let x = if out_rows.len() == m && out_rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
             x

@@ -27,7 +27,10 @@ pub(super) struct Recorder {
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
     params: Vec<(wgpu::Buffer, Vec<u8>)>,
+    /// Dispatches in the open encoder.
     dispatches: usize,
+    /// Dispatches since the backend opened.
+    pub recorded: u64,
 }
 
 /// A storage buffer bound at `binding`, its first `size` bytes.
@@ -100,6 +103,7 @@ impl GpuBackend {
         pass.set_bind_group(0, &group, &[]);
         pass.dispatch_workgroups(x, y, 1);
         rec.dispatches += 1;
+        rec.recorded += 1;
         if rec.dispatches >= DISPATCHES_PER_SUBMIT {
             self.submit(&mut rec, |_| ());
         }

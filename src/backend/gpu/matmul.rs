@@ -1,11 +1,14 @@
 //! `x [m, k] @ W[n, k]^T (+ bias)` with W decoded in the kernel. M = 1 (decode) and small M
 //! (verification, tree steps) decode each weight value once for up to 8 activation rows; larger M
 //! (prefill) uses the tiled kernel. A weight split into parts is one dispatch per part, each
-//! writing its own columns of the output.
+//! writing its own columns of the output. The pass can also add its output to a residual or gate
+//! it by another tensor (`Epilogue`), sparing the separate kernel and its dispatch.
 
+use crate::backend::Activation;
 use crate::error::{Error, Result};
 use crate::storage::quant::DType;
 
+use super::encoder::f;
 use super::pipelines::MATMUL;
 use super::{groups, shape_check, GpuBackend, Tensor, Weight};
 
@@ -23,6 +26,16 @@ const MAX_MT: usize = 8;
 const MAX_WG: u32 = 64;
 /// `matmul_rows` threads on a CPU adapter that reports no subgroup size.
 const CPU_VECTOR_LANES: u32 = 4;
+
+/// What the matmul does with each output value (matmul.wgsl's `store`).
+pub(super) enum Epilogue<'a> {
+    /// Writes it.
+    Store,
+    /// Adds it to what the output holds: a residual connection.
+    Add,
+    /// Writes `act(gate) * value`: the up projection of a gated unit, given its gate projection.
+    Gate(&'a Tensor, Activation),
+}
 
 /// Threads per `matmul_rows` workgroup for the options, whether the adapter computes on the CPU
 /// and its subgroup size where the adapter reports one fixed size (whether or not the device
@@ -65,10 +78,24 @@ impl GpuBackend {
     }
 
     pub(super) fn matmul_weight(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>) -> Result<Tensor> {
-        shape_check(w.cols() == x.cols, "matmul")?;
+        let out = self.tensor(x.rows, w.rows())?;
+        self.matmul_into(x, w, bias, &out, Epilogue::Store)?;
+        Ok(out)
+    }
+
+    /// `x @ w^T (+ bias)` into `out` (`[x.rows, w.rows]`), as `epilogue` says.
+    pub(super) fn matmul_into(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>, out: &Tensor, epilogue: Epilogue) -> Result<()> {
+        shape_check(w.cols() == x.cols && out.rows == x.rows && out.cols == w.rows(), "matmul")?;
         let (m, n, k) = (x.rows, w.rows(), w.cols());
         let bias = bias.map(|b| b.vector(n, "matmul bias")).transpose()?;
-        let out = self.tensor(m, n)?;
+        let (code, side, (ga, gb)) = match epilogue {
+            Epilogue::Store => (0, x, (0.0, 0.0)),
+            Epilogue::Add => (1, x, (0.0, 0.0)),
+            Epilogue::Gate(gate, act) => {
+                shape_check(gate.rows == m && gate.cols == n, "gated matmul")?;
+                (2, gate, act.sigmoid_coefficients())
+            }
+        };
         let tiled = m > SMALL_M;
         let (nr, mt) = if tiled { (1, 1) } else { (NR, m.next_power_of_two().min(MAX_MT)) };
         // The tiled kernel's 64 threads are fixed; WG sizes only the sums it shares.
@@ -102,12 +129,13 @@ impl GpuBackend {
             let (wbuf, wbytes) = part.bind();
             self.dispatch(
                 &kernel,
-                &[m as u32, n as u32, k as u32, part.row0, part.rows, bias.is_some() as u32],
-                &[x.bind(1), (2, wbuf, wbytes), (3, bias_buf, bias_bytes), out.bind(4)],
+                &[m as u32, n as u32, k as u32, part.row0, part.rows, bias.is_some() as u32, code, f(ga), f(gb)],
+                // Where the epilogue takes no side input, x stands in for it, as for a bias.
+                &[x.bind(1), (2, wbuf, wbytes), (3, bias_buf, bias_bytes), out.bind(4), side.bind(5)],
                 wgs,
             )?;
         }
-        Ok(out)
+        Ok(())
     }
 }
 

@@ -35,6 +35,7 @@ use crate::storage::Weight as HostWeight;
 use buffers::{BufferPool, MetaCache, Pooled};
 use device::Faults;
 use encoder::Recorder;
+use matmul::Epilogue;
 use pipelines::Pipelines;
 
 pub use device::{list_adapters, AdapterReport};
@@ -164,6 +165,12 @@ impl GpuBackend {
         self.pipelines.names()
     }
 
+    /// Kernel dispatches recorded since the backend opened: a forward's count is what the
+    /// GPU pays per-dispatch overhead on, which fused passes lower.
+    pub fn dispatches_recorded(&self) -> u64 {
+        self.rec.lock().unwrap().recorded
+    }
+
     /// Frees the device and its memory now rather than at drop: every later call fails with
     /// [`Error::DeviceLost`], exactly as after a real loss (a driver reset, a GPU removed), so this
     /// is also how that path is tested. Open a new backend to go on.
@@ -257,6 +264,17 @@ impl Backend for GpuBackend {
 
     fn matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>) -> Result<Tensor> {
         self.matmul_weight(x, w, bias)
+    }
+
+    fn matmul_add(&self, x: &Tensor, w: &Weight, into: &mut Tensor) -> Result<()> {
+        self.matmul_into(x, w, None, into, Epilogue::Add)
+    }
+
+    fn gated_matmul(&self, x: &Tensor, gate: &Weight, up: &Weight, act: Activation) -> Result<Tensor> {
+        let g = self.matmul_weight(x, gate, None)?;
+        let out = self.tensor(x.rows, up.rows())?;
+        self.matmul_into(x, up, None, &out, Epilogue::Gate(&g, act))?;
+        Ok(out)
     }
 
     fn rope(&self, x: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {

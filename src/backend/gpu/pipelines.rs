@@ -12,11 +12,12 @@ use super::device::scoped;
 pub(super) struct Shader {
     name: &'static str,
     source: &'static str,
-    /// Whether the kernel decodes weights, and so needs `dequant.wgsl` prepended.
-    dequant: bool,
+    /// Sources of shared functions prepended to it: the weight decoders, the gating function.
+    includes: &'static [&'static str],
 }
 
 const DEQUANT: &str = include_str!("../../../shaders/dequant.wgsl");
+const GATE: &str = include_str!("../../../shaders/gate.wgsl");
 
 /// WGSL pieces a kernel takes in place of a placeholder whose value names them (`@name`): one
 /// function written for two kinds of device, or the bindings and accessors of one buffer stored
@@ -31,17 +32,17 @@ const SNIPPETS: [(&str, &str); 6] = [
 ];
 
 pub(super) const MATMUL: Shader =
-    Shader { name: "matmul", source: include_str!("../../../shaders/matmul.wgsl"), dequant: true };
-pub(super) const EMBED: Shader = Shader { name: "embed", source: include_str!("../../../shaders/embed.wgsl"), dequant: true };
-pub(super) const NORM: Shader = Shader { name: "norm", source: include_str!("../../../shaders/norm.wgsl"), dequant: false };
-pub(super) const ROPE: Shader = Shader { name: "rope", source: include_str!("../../../shaders/rope.wgsl"), dequant: false };
+    Shader { name: "matmul", source: include_str!("../../../shaders/matmul.wgsl"), includes: &[DEQUANT, GATE] };
+pub(super) const EMBED: Shader = Shader { name: "embed", source: include_str!("../../../shaders/embed.wgsl"), includes: &[DEQUANT] };
+pub(super) const NORM: Shader = Shader { name: "norm", source: include_str!("../../../shaders/norm.wgsl"), includes: &[] };
+pub(super) const ROPE: Shader = Shader { name: "rope", source: include_str!("../../../shaders/rope.wgsl"), includes: &[] };
 pub(super) const ATTENTION: Shader =
-    Shader { name: "attention", source: include_str!("../../../shaders/attention.wgsl"), dequant: false };
+    Shader { name: "attention", source: include_str!("../../../shaders/attention.wgsl"), includes: &[] };
 pub(super) const ELEMENTWISE: Shader =
-    Shader { name: "elementwise", source: include_str!("../../../shaders/elementwise.wgsl"), dequant: false };
-pub(super) const TOPK: Shader = Shader { name: "topk", source: include_str!("../../../shaders/topk.wgsl"), dequant: false };
+    Shader { name: "elementwise", source: include_str!("../../../shaders/elementwise.wgsl"), includes: &[GATE] };
+pub(super) const TOPK: Shader = Shader { name: "topk", source: include_str!("../../../shaders/topk.wgsl"), includes: &[] };
 pub(super) const ARGMAX: Shader =
-    Shader { name: "argmax", source: include_str!("../../../shaders/argmax.wgsl"), dequant: false };
+    Shader { name: "argmax", source: include_str!("../../../shaders/argmax.wgsl"), includes: &[] };
 
 /// A pipeline with its bind group layout (derived from the shader).
 #[derive(Clone)]
@@ -73,7 +74,7 @@ impl Pipelines {
         if let Some(k) = self.cache.lock().unwrap().get(&name) {
             return Ok(k.clone());
         }
-        let mut src = if shader.dequant { format!("{DEQUANT}\n{}", shader.source) } else { shader.source.to_string() };
+        let mut src: String = shader.includes.iter().chain([&shader.source]).flat_map(|s| [s, "\n"]).collect();
         for (k, v) in vars {
             let text = SNIPPETS.iter().find(|(name, _)| name == v).map_or(*v, |(_, text)| *text);
             src = src.replace(&format!("{{{{{k}}}}}"), text);
