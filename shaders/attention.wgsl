@@ -21,7 +21,7 @@ struct Params {
     group: u32,
     head_dim: u32,
     kv_dim: u32,
-    // Cache values per slot: kv_dim, rounded up to whole words.
+    // Cache values per slot: kv_dim, rounded up to whole 16-byte blocks.
     kv_stride: u32,
     stride: u32,
     scale: f32,
@@ -50,7 +50,7 @@ const NEG: f32 = -3.0e38;
 // The cache's bindings (5 and 6) and how its values are stored: kv_f32.wgsl or kv_f16.wgsl.
 {{KV}}
 
-// K and V of each batch row into the row's cache slot; one thread per cache word.
+// K and V of each batch row into the row's cache slot; one thread per cache block.
 @compute @workgroup_size(64)
 fn kv_write(
     @builtin(local_invocation_index) t: u32,
@@ -58,13 +58,13 @@ fn kv_write(
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     let i = (wid.x + wid.y * nwg.x) * 64u + t;
-    let words = p.kv_stride / KV_PER_WORD;
-    if (i >= p.m * words) {
+    let blocks = p.kv_stride / KV_BLOCK;
+    if (i >= p.m * blocks) {
         return;
     }
-    let r = i / words;
-    let e = (i % words) * KV_PER_WORD;
-    kv_put(batch_meta[r] * words + i % words, r * p.kv_dim + e, min(KV_PER_WORD, p.kv_dim - e));
+    let r = i / blocks;
+    let e = (i % blocks) * KV_BLOCK;
+    kv_put(batch_meta[r] * blocks + i % blocks, r * p.kv_dim + e, min(KV_BLOCK, p.kv_dim - e));
 }
 
 // Queries one workgroup attends for: rows x query heads of one KV head.
@@ -163,10 +163,24 @@ fn attend(
         var dots: array<f32, QMAX>;
         if (slot != NO_SLOT) {
             let kb = slot * p.kv_stride + kv_off;
-            for (var d = 0u; d < hd; d++) {
-                let kd = k_at(kb + d);
-                for (var i = 0u; i < nq; i++) {
-                    dots[i] += qh[i * hd + d] * kd;
+            // Either way each dot adds its products in the order of d.
+            if (hd % KV_BLOCK == 0u) {
+                // The head starts a block too: the slot's stride and the head's offset are
+                // whole blocks.
+                for (var d = 0u; d < hd; d += KV_BLOCK) {
+                    var kv = k_block((kb + d) / KV_BLOCK);
+                    for (var e = 0u; e < KV_BLOCK; e++) {
+                        for (var i = 0u; i < nq; i++) {
+                            dots[i] += qh[i * hd + d + e] * kv[e];
+                        }
+                    }
+                }
+            } else {
+                for (var d = 0u; d < hd; d++) {
+                    let kd = k_at(kb + d);
+                    for (var i = 0u; i < nq; i++) {
+                        dots[i] += qh[i * hd + d] * kd;
+                    }
                 }
             }
         }

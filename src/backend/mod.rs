@@ -276,10 +276,15 @@ impl KvCache {
         }
     }
 
-    /// Cached values per slot for `kv_dim` values: whole 4-byte words, so that no word holds two
-    /// slots' values.
+    /// Cached values per slot for `kv_dim` values: whole 16-byte blocks, so that no block holds
+    /// two slots' values and the GPU writes and reads the cache a block at a time.
     pub fn stride(self, kv_dim: usize) -> usize {
-        kv_dim.next_multiple_of(4 / self.bytes())
+        kv_dim.next_multiple_of(self.block())
+    }
+
+    /// Values per 16-byte block of the cache.
+    pub fn block(self) -> usize {
+        16 / self.bytes()
     }
 }
 

@@ -114,8 +114,8 @@ impl GpuBackend {
         };
         let vars = [("DIMS", dims.as_str()), ("KV", kv)];
         let write = self.kernel(&ATTENTION, "kv_write", &vars)?;
-        let words = m * stride * cache.kind.bytes() / 4;
-        self.dispatch(&write, &params, &[k.bind(2), v.bind(3), meta_bind, kc, vc], groups(words, 64)?)?;
+        let blocks = m * stride / cache.kind.block();
+        self.dispatch(&write, &params, &[k.bind(2), v.bind(3), meta_bind, kc, vc], groups(blocks, 64)?)?;
         let out = self.tensor(m, q.cols)?;
         let attend = self.kernel(&ATTENTION, "attend", &vars)?;
         // One workgroup per KV head, block of QUERIES (rows x query heads) of it and part.
