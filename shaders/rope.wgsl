@@ -8,31 +8,76 @@ struct Params {
     cols: u32,
     half: u32,
     head_dim: u32,
+    // rope_pair: the width of `y`, rotated at the same positions after `x`.
+    cols_y: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> table: array<vec2<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
+// Thread `gid`'s pair of a tensor `cols` wide: the index of its first value (-1 past the
+// tensor) and of its entry in the table.
+fn pair_at(gid: u32, cols: u32) -> vec2<i32> {
+    let pairs = (cols / p.head_dim) * p.half;
+    let row = gid / pairs;
+    if (row >= p.rows) {
+        return vec2<i32>(-1);
+    }
+    let j = gid % pairs;
+    let i = j % p.half;
+    return vec2<i32>(i32(row * cols + (j / p.half) * p.head_dim + i), i32(row * p.half + i));
+}
+
+// The pair (a, b) rotated by the table's (cos, sin).
+fn rotated(a: f32, b: f32, cs: vec2<f32>) -> vec2<f32> {
+    return vec2<f32>(a * cs.x - b * cs.y, b * cs.x + a * cs.y);
+}
+
+fn index(wid: vec3<u32>, nwg: vec3<u32>, t: u32) -> u32 {
+    return (wid.x + wid.y * nwg.x) * 64u + t;
+}
+
+// One thread per rotated pair: half pairs per head.
 @compute @workgroup_size(64)
 fn rope(
     @builtin(local_invocation_index) t: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
-    let gid = (wid.x + wid.y * nwg.x) * 64u + t;
-    // One thread per rotated pair: half pairs per head.
-    let pairs = (p.cols / p.head_dim) * p.half;
-    let row = gid / pairs;
-    if (row >= p.rows) {
+    let at = pair_at(index(wid, nwg, t), p.cols);
+    if (at.x >= 0) {
+        let a = u32(at.x);
+        let r = rotated(x[a], x[a + p.half], table[at.y]);
+        x[a] = r.x;
+        x[a + p.half] = r.y;
+    }
+}
+
+// `x` (Q) and then `y` (K) in one pass. WGSL passes no storage buffer to a function, so each
+// tensor has its own few lines of loads and stores.
+@compute @workgroup_size(64)
+fn rope_pair(
+    @builtin(local_invocation_index) t: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let gid = index(wid, nwg, t);
+    let x_pairs = p.rows * (p.cols / p.head_dim) * p.half;
+    if (gid < x_pairs) {
+        let at = pair_at(gid, p.cols);
+        let a = u32(at.x);
+        let r = rotated(x[a], x[a + p.half], table[at.y]);
+        x[a] = r.x;
+        x[a + p.half] = r.y;
         return;
     }
-    let j = gid % pairs;
-    let i = j % p.half;
-    let a_at = row * p.cols + (j / p.half) * p.head_dim + i;
-    let cs = table[row * p.half + i];
-    let a = x[a_at];
-    let b = x[a_at + p.half];
-    x[a_at] = a * cs.x - b * cs.y;
-    x[a_at + p.half] = b * cs.x + a * cs.y;
+    let at = pair_at(gid - x_pairs, p.cols_y);
+    if (at.x >= 0) {
+        let a = u32(at.x);
+        let r = rotated(y[a], y[a + p.half], table[at.y]);
+        y[a] = r.x;
+        y[a + p.half] = r.y;
+    }
 }

@@ -178,10 +178,10 @@ fn gpu_activation_load_paths_ran() {
     }
 }
 
-/// The GPU's fused projections are one pass each (the gated unit's gate projection is another),
-/// where the separate ops take two.
+/// The GPU's fused ops are one pass each (the gated unit's gate projection is another), where
+/// the separate ops take two.
 #[test]
-fn gpu_fused_projections_are_one_pass() {
+fn gpu_fused_ops_are_one_pass() {
     // A backend of its own: other tests dispatch on the shared one meanwhile.
     let Some(g) = &util::open_gpu(GpuOptions::default()) else { return };
     let k = 64;
@@ -194,6 +194,10 @@ fn gpu_fused_projections_are_one_pass() {
     let before = g.dispatches_recorded();
     read(g, &g.gated_matmul(&x, &w1, &w2, Activation::Silu).unwrap());
     assert_eq!(g.dispatches_recorded() - before, 2, "gated_matmul");
+    let (mut q, mut k) = (up(g, 2, 128, &[1.0; 256]), up(g, 2, 64, &[1.0; 128]));
+    let before = g.dispatches_recorded();
+    g.rope_pair(&mut q, &mut k, &[3, 4], &Rope::plain(64, 1e4)).unwrap();
+    assert_eq!(g.dispatches_recorded() - before, 1, "rope_pair");
 }
 
 macro_rules! suite {
@@ -225,6 +229,7 @@ suite!(
     rms_norm,
     rope,
     rope_scaled_and_partial,
+    rope_pair,
     glu,
     add_and_select_rows,
     embed,
@@ -326,6 +331,27 @@ fn rope<B: Backend>(b: &B, _: &Tol) {
         let positions: Vec<u32> = (0..rows).map(|_| rng.below(32_768)).collect();
         check_rope(b, &mut rng, heads, &positions, &Rope::plain(hd, theta));
     }
+}
+
+/// A layer's Q and K rotated in one call: the same bits as a call each, for K narrower than Q
+/// (grouped-query heads), partial rotation and a batch past the GPU's workgroup of pairs.
+fn rope_pair<B: Backend>(b: &B, _: &Tol) {
+    let mut rng = TestRng::new(13);
+    let partial = Rope { rotary_dim: 48, ..Rope::plain(64, 1e6) };
+    for (rows, q_heads, k_heads, rope) in [(1, 14, 2, Rope::plain(64, 1e6)), (5, 3, 1, partial), (70, 4, 4, Rope::plain(6, 1e4))] {
+        let positions: Vec<u32> = (0..rows).map(|_| rng.below(32_768)).collect();
+        let hd = rope.head_dim;
+        let (qv, kv) = (rng.vec(rows * q_heads * hd), rng.vec(rows * k_heads * hd));
+        let (mut q, mut k) = (up(b, rows, q_heads * hd, &qv), up(b, rows, k_heads * hd, &kv));
+        b.rope_pair(&mut q, &mut k, &positions, &rope).unwrap();
+        let (mut q1, mut k1) = (up(b, rows, q_heads * hd, &qv), up(b, rows, k_heads * hd, &kv));
+        b.rope(&mut q1, &positions, &rope).unwrap();
+        b.rope(&mut k1, &positions, &rope).unwrap();
+        let what = format!("{}: rope_pair {rows} rows, {q_heads} and {k_heads} heads of {hd}", b.name());
+        assert!(same_bits(&read(b, &q), &read(b, &q1)) && same_bits(&read(b, &k), &read(b, &k1)), "{what}");
+    }
+    let (mut q, mut k) = (up(b, 2, 64, &[0.0; 128]), up(b, 1, 64, &[0.0; 64]));
+    assert!(b.rope_pair(&mut q, &mut k, &[0, 1], &Rope::plain(64, 1e4)).is_err(), "{}: K of fewer rows than the positions", b.name());
 }
 
 /// RoPE as Llama 3 (per-frequency factors), linear scaling, Phi-3's long RoPE (factors and an

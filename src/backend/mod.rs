@@ -336,6 +336,12 @@ pub trait Backend {
     }
     /// RoPE (see [`Rope`]) of each head of `x [m, heads * head_dim]` at `positions[m]`.
     fn rope(&self, x: &mut Self::Tensor, positions: &[u32], rope: &Rope) -> Result<()>;
+    /// [`Backend::rope`] of a layer's queries and keys at the same positions, equal to one call
+    /// each. The GPU rotates both in one pass.
+    fn rope_pair(&self, q: &mut Self::Tensor, k: &mut Self::Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        self.rope(q, positions, rope)?;
+        self.rope(k, positions, rope)
+    }
     /// Write `k`, `v` of the batch into `cache` at layer `layer`, then attend `q` over the slots
     /// the batch's mask (and the shape's window) gives each row. Returns `[m, n_heads * head_dim]`.
     fn attention(

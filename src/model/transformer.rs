@@ -80,8 +80,7 @@ impl<B: Backend> Transformer<B> {
             let h = b.rms_norm(&x, &l.attn_norm, eps)?;
             let [q, k, v] = b.matmuls(&h, [(&l.wq, l.bq.as_ref()), (&l.wk, l.bk.as_ref()), (&l.wv, l.bv.as_ref())])?;
             let (mut q, mut k) = (norm(q, &l.q_norm)?, norm(k, &l.k_norm)?);
-            b.rope(&mut q, &batch.positions, &rope)?;
-            b.rope(&mut k, &batch.positions, &rope)?;
+            b.rope_pair(&mut q, &mut k, &batch.positions, &rope)?;
             let att = b.attention(&q, &k, &v, cache, i, batch, shape)?;
             residual(&mut x, &att, &l.wo, &l.post_attn_norm)?;
             let h = b.rms_norm(&x, &l.ffn_norm, eps)?;

@@ -88,6 +88,7 @@ impl GpuBackend {
         shape_check(w.cols() == x.cols && out.rows == x.rows && out.cols == w.rows(), "matmul")?;
         let (m, n, k) = (x.rows, w.rows(), w.cols());
         let bias = bias.map(|b| b.vector(n, "matmul bias")).transpose()?;
+        // The codes matmul.wgsl's `store` switches on.
         let (code, side, (ga, gb)) = match epilogue {
             Epilogue::Store => (0, x, (0.0, 0.0)),
             Epilogue::Add => (1, x, (0.0, 0.0)),

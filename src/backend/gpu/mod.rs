@@ -281,6 +281,10 @@ impl Backend for GpuBackend {
         self.rope_rows(x, positions, rope)
     }
 
+    fn rope_pair(&self, q: &mut Tensor, k: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        self.rope_pair_rows(q, k, positions, rope)
+    }
+
     fn attention(
         &self,
         q: &Tensor,

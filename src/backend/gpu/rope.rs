@@ -37,16 +37,31 @@ fn table(key: &[u32]) -> Vec<u32> {
 
 impl GpuBackend {
     pub(super) fn rope_rows(&self, x: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        shape_check(positions.len() == x.rows && rope.valid() && x.cols.is_multiple_of(rope.head_dim), "rope")?;
+        self.rope_pass(x, None, positions, rope)
+    }
+
+    /// RoPE of `x` and, in the same pass, of `y` (a layer's Q and K) at the same positions.
+    pub(super) fn rope_pair_rows(&self, x: &mut Tensor, y: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
+        self.rope_pass(x, Some(y), positions, rope)
+    }
+
+    fn rope_pass(&self, x: &mut Tensor, y: Option<&mut Tensor>, positions: &[u32], rope: &Rope) -> Result<()> {
+        let fits = |t: &Tensor| positions.len() == t.rows && t.cols.is_multiple_of(rope.head_dim);
+        shape_check(rope.valid() && fits(x) && y.as_deref().is_none_or(fits), "rope")?;
         let tab = self.meta(Meta::Rope, &key(positions, rope), table)?;
-        let kernel = self.kernel(&ROPE, "rope", &[])?;
         let half = rope.rotary_dim / 2;
-        let pairs = x.rows * (x.cols / rope.head_dim) * half;
-        self.dispatch(
-            &kernel,
-            &[x.rows as u32, x.cols as u32, half as u32, rope.head_dim as u32],
-            &[x.bind(1), (2, &tab, tab.size())],
-            groups(pairs, 64)?,
-        )
+        let pairs = |t: &Tensor| t.rows * (t.cols / rope.head_dim) * half;
+        let cols_y = y.as_deref().map_or(0, |y| y.cols);
+        let params = [x.rows as u32, x.cols as u32, half as u32, rope.head_dim as u32, cols_y as u32];
+        let mut binds = vec![x.bind(1), (2, &tab, tab.size())];
+        let (entry, n) = match &y {
+            Some(y) => {
+                binds.push(y.bind(3));
+                ("rope_pair", pairs(x) + pairs(y))
+            }
+            None => ("rope", pairs(x)),
+        };
+        let kernel = self.kernel(&ROPE, entry, &[])?;
+        self.dispatch(&kernel, &params, &binds, groups(n, 64)?)
     }
 }
