@@ -35,7 +35,7 @@ fn rotated(a: f32, b: f32, cs: vec2<f32>) -> vec2<f32> {
     return vec2<f32>(a * cs.x - b * cs.y, b * cs.x + a * cs.y);
 }
 
-fn index(wid: vec3<u32>, nwg: vec3<u32>, t: u32) -> u32 {
+fn index(t: u32, wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return (wid.x + wid.y * nwg.x) * 64u + t;
 }
 
@@ -46,7 +46,7 @@ fn rope(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
-    let at = pair_at(index(wid, nwg, t), p.cols);
+    let at = pair_at(index(t, wid, nwg), p.cols);
     if (at.x >= 0) {
         let a = u32(at.x);
         let r = rotated(x[a], x[a + p.half], table[at.y]);
@@ -63,7 +63,7 @@ fn rope_pair(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
-    let gid = index(wid, nwg, t);
+    let gid = index(t, wid, nwg);
     let x_pairs = p.rows * (p.cols / p.head_dim) * p.half;
     if (gid < x_pairs) {
         let at = pair_at(gid, p.cols);

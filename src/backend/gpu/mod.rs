@@ -278,11 +278,11 @@ impl Backend for GpuBackend {
     }
 
     fn rope(&self, x: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        self.rope_rows(x, positions, rope)
+        self.rope_rows(x, None, positions, rope)
     }
 
     fn rope_pair(&self, q: &mut Tensor, k: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        self.rope_pair_rows(q, k, positions, rope)
+        self.rope_rows(q, Some(k), positions, rope)
     }
 
     fn attention(

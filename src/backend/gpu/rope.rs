@@ -36,16 +36,9 @@ fn table(key: &[u32]) -> Vec<u32> {
 }
 
 impl GpuBackend {
-    pub(super) fn rope_rows(&self, x: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        self.rope_pass(x, None, positions, rope)
-    }
-
-    /// RoPE of `x` and, in the same pass, of `y` (a layer's Q and K) at the same positions.
-    pub(super) fn rope_pair_rows(&self, x: &mut Tensor, y: &mut Tensor, positions: &[u32], rope: &Rope) -> Result<()> {
-        self.rope_pass(x, Some(y), positions, rope)
-    }
-
-    fn rope_pass(&self, x: &mut Tensor, y: Option<&mut Tensor>, positions: &[u32], rope: &Rope) -> Result<()> {
+    /// RoPE of `x` and, in the same pass, of `y` where given (a layer's Q and K) at the same
+    /// positions.
+    pub(super) fn rope_rows(&self, x: &mut Tensor, y: Option<&mut Tensor>, positions: &[u32], rope: &Rope) -> Result<()> {
         let fits = |t: &Tensor| positions.len() == t.rows && t.cols.is_multiple_of(rope.head_dim);
         shape_check(rope.valid() && fits(x) && y.as_deref().is_none_or(fits), "rope")?;
         let tab = self.meta(Meta::Rope, &key(positions, rope), table)?;
