@@ -42,35 +42,6 @@ var<workgroup> remaining: u32;
 var<workgroup> sharing: u32;
 var<workgroup> red: array<f32, WG>;
 
-// NaN tested on the bits: WGSL lets a compiler assume no value is NaN.
-fn is_nan(v: f32) -> bool {
-    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
-}
-
-fn order_key(v: f32) -> u32 {
-    if (is_nan(v)) {
-        return 0u;
-    }
-    let b = bitcast<u32>(v + 0.0);
-    if ((b >> 31u) == 1u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
-
-// The value whose order key is `key` (not 0, NaN's).
-fn key_value(key: u32) -> f32 {
-    if ((key >> 31u) == 1u) {
-        return bitcast<f32>(key & 0x7fffffffu);
-    }
-    return bitcast<f32>(~key);
-}
-
-// Whether a comes before b: the larger key, then the lower column.
-fn before(a: vec2<u32>, b: vec2<u32>) -> bool {
-    return a.x > b.x || (a.x == b.x && a.y < b.y);
-}
-
 // One radix pass: the 8 bits at `shift` of the key (or, `on_rank`, of the column's rank ~c)
 // among the row's entries that share the bits found so far; thread 0 then takes the highest bin
 // that holds the threshold.

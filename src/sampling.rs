@@ -413,11 +413,15 @@ pub fn saguaro_rescale(q: &mut [f32], tokens: &[u32], c: f32) {
 /// One uniform is drawn on every call, even when acceptance is certain, so the random stream
 /// advances the same way whatever the outcome.
 pub fn accept(p: &[f32], q: &[f32], s: u32, rng: &mut Rng) -> bool {
+    accept_at(p.get(s as usize).copied().unwrap_or(0.0), q.get(s as usize).copied().unwrap_or(0.0), rng)
+}
+
+/// [`accept`] given the two probabilities at the draft token alone: `ps` the target's, `qs` the
+/// draft's.
+pub fn accept_at(ps: f32, qs: f32, rng: &mut Rng) -> bool {
     let u = rng.uniform_f64();
-    let ps = p.get(s as usize).copied().unwrap_or(0.0) as f64;
-    let qs = q.get(s as usize).copied().unwrap_or(0.0) as f64;
     // u * q < p is u < p / q without dividing, and handles q[s] = 0 (accept iff p[s] > 0).
-    u * qs < ps
+    u * (qs as f64) < (ps as f64)
 }
 
 /// The residual distribution norm(max(0, p - q)) that the bonus token is drawn from after a

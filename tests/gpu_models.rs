@@ -154,3 +154,46 @@ fn ssd_with_the_draft_on_gpu_matches_ar() {
         assert_eq!(ssd.tokens, want, "greedy SSD, {fanout}, with both models on {}", target.backend_name());
     }
 }
+
+/// Sampling over the whole vocabulary with the target on the GPU: every token is drawn there
+/// (`Backend::draw`), so AR, SD and SSD read back a token and a probability per row where a row
+/// of 49,152 logits came back before; a nucleus, which the GPU does not draw, still reads rows.
+/// Prints the bytes read back per round.
+#[test]
+fn sampled_rounds_read_back_no_rows_from_the_gpu() {
+    if !gpu_available() {
+        return;
+    }
+    let m = model(SMOLLM2);
+    let draft_weights = truncated(&m.weights);
+    const CAPACITY: usize = 96;
+    let row = (4 * m.weights.config.vocab_size) as f64;
+    let mut target = Runner::new(Transformer::new(gpu(), &m.weights).unwrap(), CAPACITY).unwrap();
+    let mut draft = Runner::new(Transformer::new(CpuBackend::new(0).unwrap(), &draft_weights).unwrap(), CAPACITY).unwrap();
+    let worker_lm = Runner::new(Transformer::new(CpuBackend::new(0).unwrap(), &draft_weights).unwrap(), CAPACITY).unwrap();
+    let mut worker = DraftWorker::new(Box::new(worker_lm)).unwrap();
+    let spec = SpecConfig::new(3, "uniform:2".parse().unwrap(), 1.0, Backup::Jit);
+    let whole = SamplingParams { temperature: 0.8, seed: 3, ..SamplingParams::default() };
+    let nucleus = SamplingParams { top_p: 0.95, ..whole };
+    for (sampling, what) in [(SamplingParams::default(), "greedy"), (whole, "sampled"), (nucleus, "sampled top-p")] {
+        let req = Request { prompt: m.tokenizer.encode("def fibonacci(n):").unwrap(), max_tokens: 10, sampling, ..Request::default() };
+        for mode in ["ar", "sd", "ssd"] {
+            let before = target.backend().bytes_read_back();
+            let g = match mode {
+                "ar" => block_on(generate_ar(&mut target, &req, &mut |_| true)),
+                "sd" => block_on(generate_sd(&mut target, &mut draft, &req, &spec, &mut |_| true)),
+                _ => block_on(generate_ssd(&mut target, &mut worker, &req, &spec, &mut |_| true)),
+            }
+            .unwrap();
+            assert_eq!(g.tokens.len(), 10, "{what} {mode}");
+            // The prefill's read-back counts as one more round.
+            let per_round = (target.backend().bytes_read_back() - before) as f64 / (g.stats.rounds + 1) as f64;
+            eprintln!("{what} {mode}: {per_round:.0} bytes read back per round ({} rounds)", g.stats.rounds);
+            if what == "sampled top-p" {
+                assert!(per_round >= row, "{what} {mode}: {per_round} bytes a round, under one row");
+            } else {
+                assert!(per_round < 256.0, "{what} {mode}: {per_round} bytes a round");
+            }
+        }
+    }
+}

@@ -258,13 +258,21 @@ fn nucleus_sampling() -> SamplingParams {
     SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.6, seed: 0 }
 }
 
+/// Neither a top-k nor a nucleus: the target's backend draws each token (`Lm::draw`), and only
+/// the token and a probability per row come back.
+fn whole_vocabulary_sampling() -> SamplingParams {
+    SamplingParams { temperature: 1.0, ..SamplingParams::default() }
+}
+
 fn exact(params: SamplingParams) -> &'static Exact {
     static TOP4: OnceLock<Exact> = OnceLock::new();
     static TRUNCATED: OnceLock<Exact> = OnceLock::new();
     static NUCLEUS: OnceLock<Exact> = OnceLock::new();
+    static WHOLE: OnceLock<Exact> = OnceLock::new();
     let cell = match params {
         p if p == top4_sampling() => &TOP4,
         p if p == nucleus_sampling() => &NUCLEUS,
+        p if p == whole_vocabulary_sampling() => &WHOLE,
         _ => &TRUNCATED,
     };
     cell.get_or_init(|| Exact::of(&tiny().target, &params))
@@ -349,7 +357,11 @@ fn a_two_percent_bias_is_detected() {
 #[test]
 fn sampling_ar_matches_the_exact_distribution() {
     let mut t = runner(&tiny().target, TINY_CAPACITY);
-    for (what, params) in [("ar", top4_sampling()), ("ar top-p, whole rows", nucleus_sampling())] {
+    for (what, params) in [
+        ("ar", top4_sampling()),
+        ("ar top-p, whole rows", nucleus_sampling()),
+        ("ar, drawn on the backend", whole_vocabulary_sampling()),
+    ] {
         let counts = Counts::of(SAMPLES, |seed| ar(&mut t, &seeded(params, seed)).tokens);
         assert_unbiased(what, &counts, exact(params));
     }
@@ -370,6 +382,8 @@ fn sampling_sd_is_lossless() {
     );
     let params = nucleus_sampling();
     assert_unbiased("sd top-p, whole rows", &sd_counts(params, &spec(K, "uniform:1", 1.0, Backup::Jit), SAMPLES), exact(params));
+    let params = whole_vocabulary_sampling();
+    assert_unbiased("sd, drawn on the backend", &sd_counts(params, &spec(K, "uniform:1", 1.0, Backup::Jit), SAMPLES), exact(params));
     // Stopping where the draft is unsure (the token drawn there dropped) must not bias either.
     let unsure = SpecConfig { confidence: 0.6, ..spec(K, "uniform:1", 1.0, Backup::Jit) };
     assert_unbiased("sd, confidence stop", &sd_counts(top4_sampling(), &unsure, SAMPLES), exact(top4_sampling()));
@@ -396,6 +410,11 @@ fn sampling_ssd_is_lossless_without_saguaro() {
     let what = "ssd uniform:2 jit C=1";
     assert_multi_token_hits(what, &cache);
     assert_unbiased(what, &c, exact(top4_sampling()));
+    let params = whole_vocabulary_sampling();
+    let (c, cache) = ssd_counts(params, &spec(K, "uniform:2", 1.0, Backup::Jit), SAMPLES);
+    let what = "ssd uniform:2 jit C=1, drawn on the backend";
+    assert_multi_token_hits(what, &cache);
+    assert_unbiased(what, &c, exact(params));
 }
 
 #[test]
@@ -452,6 +471,9 @@ fn a_broken_verifier_is_detected() {
     assert_biased("sd, bonus from p after a rejection", &sd_counts(top4_sampling(), &broken("uniform:1", 1.0), n), e);
     let (c, _) = ssd_counts(top4_sampling(), &broken("uniform:2", 0.5), n);
     assert_biased("ssd C=0.5, bonus from p after a rejection", &c, e);
+    let params = whole_vocabulary_sampling();
+    let c = sd_counts(params, &broken("uniform:1", 1.0), n);
+    assert_biased("sd drawn on the backend, bonus from p after a rejection", &c, exact(params));
 }
 
 // ---------------------------------------------------------------------------------------------

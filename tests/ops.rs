@@ -29,7 +29,9 @@
 use futures::executor::block_on;
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
-use saguaro::backend::{random_weight, Activation, AttnShape, Backend, Batch, KvCache, Mask, Rope, NO_SLOT};
+use saguaro::backend::draw::race_bits;
+use saguaro::backend::{random_weight, Activation, AttnShape, Backend, Batch, Draw, KvCache, Mask, Rope, SparseDist, NO_SLOT};
+use saguaro::sampling;
 use saguaro::storage::quant::DType;
 use saguaro::storage::Weight;
 use saguaro::Error;
@@ -241,6 +243,7 @@ suite!(
     attention_tree,
     attention_windowed_and_scaled,
     top_k,
+    draw,
     bad_shapes_are_errors,
 );
 
@@ -826,6 +829,120 @@ fn top_k<B: Backend>(b: &B, _: &Tol) {
     for (k, temperature, at) in [(0, 1.0, vec![0]), (513, 1.0, vec![0]), (3, 0.0, vec![0]), (3, 1.0, vec![])] {
         let r = block_on(b.top_k(&up(b, 1, 8, &[0.0; 8]), k, temperature, &at));
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{}: top_k {k} at {temperature}: {:?}", b.name(), r.err());
+    }
+}
+
+/// Rows as long as a vocabulary with NaN and -inf among them, and a draw of each: row 0 from a
+/// residual whose q holds the row's likeliest tokens (where p - q < 0), the others from p.
+fn draw_cases(seed: u64) -> Vec<(usize, usize, Vec<f32>, Draw)> {
+    let mut rng = TestRng::new(seed);
+    [(3, 5000, 0.7f32), (2, 151_936, 1.0), (4, 7, 1.3)]
+        .into_iter()
+        .flat_map(|(rows, cols, temperature)| {
+            let mut x: Vec<f32> = (0..rows * cols).map(|_| 4.0 * rng.uniform()).collect();
+            x[0] = f32::NAN;
+            x[1] = f32::NEG_INFINITY;
+            let at: Vec<u32> = (0..rows).map(|r| if r == 1 { NO_SLOT } else { rng.below(cols as u32) }).collect();
+            let mut q = vec![0.0f32; cols];
+            for (i, c) in sampling::top_n(&x[..cols], 3.min(cols), None).into_iter().enumerate() {
+                q[c as usize] = [0.5, 0.3, 0.2][i];
+            }
+            let mut minus = vec![SparseDist::default(); rows];
+            minus[0] = SparseDist::of(&q);
+            let (plain, residual) = (rng.next(), rng.next());
+            [
+                (rows, cols, x.clone(), Draw { temperature, seed: plain, at: at.clone(), minus: vec![] }),
+                (rows, cols, x, Draw { temperature, seed: residual, at, minus }),
+            ]
+        })
+        .collect()
+}
+
+/// Row `r`'s softmax at the temperature, in f64 (NaN and -inf weigh nothing), and the weights
+/// its draw draws from: the residual where it has a q that leaves any, else p.
+fn draw_reference(row: &[f32], r: usize, d: &Draw) -> (Vec<f64>, Vec<f64>) {
+    let max = row.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max) as f64;
+    let w: Vec<f64> = row.iter().map(|&v| if v.is_nan() { 0.0 } else { ((v as f64 - max) / d.temperature as f64).exp() }).collect();
+    let total: f64 = w.iter().sum();
+    let p: Vec<f64> = w.iter().map(|x| x / total).collect();
+    let r: Vec<f64> = match d.minus.get(r) {
+        Some(q) => p.iter().enumerate().map(|(c, &p)| (p - q.at(c as u32) as f64).max(0.0)).collect(),
+        None => p.clone(),
+    };
+    let r = if r.iter().any(|&x| x > 0.0) { r } else { p.clone() };
+    (p, r)
+}
+
+/// What a draw must give on every backend: each row's probability at its asked-for column (f32's
+/// rounding from the f64 softmax), a token of positive weight in what it draws from; a row of
+/// infinite values draws among them, one with no weight gives its argmax; 40,000 rows of one
+/// distribution draw it within 5 sigma, from p and from a residual; bad arguments are errors.
+fn draw<B: Backend>(b: &B, _: &Tol) {
+    let what = |s: &str| format!("{}: draw {s}", b.name());
+    for (rows, cols, x, d) in draw_cases(71) {
+        let got = block_on(b.draw(&up(b, rows, cols, &x), &d)).unwrap();
+        for (r, (g, row)) in got.iter().zip(x.chunks_exact(cols)).enumerate() {
+            let (p, from) = draw_reference(row, r, &d);
+            let want = p.get(d.at[r] as usize).copied().unwrap_or(0.0);
+            assert!((g.p_at as f64 - want).abs() <= 1e-5 * want + 1e-9, "{}: p {} against {want}", what("p_at"), g.p_at);
+            assert!(from[g.token as usize] > 0.0, "{}: token {} has no weight", what(&format!("{rows}x{cols}")), g.token);
+        }
+    }
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let edge = [1.0, inf, 2.0, inf, nan, -inf, nan, -inf, nan, nan, nan, nan];
+    let d = Draw { temperature: 1.0, seed: 5, at: vec![3, 1, 0], minus: vec![] };
+    let got = block_on(b.draw(&up(b, 3, 4, &edge), &d)).unwrap();
+    assert!([1, 3].contains(&got[0].token) && got[0].p_at == 0.5, "{}: {:?}", what("of a row with two +inf"), got[0]);
+    assert_eq!((got[1].token, got[1].p_at), (1, 1.0), "{}", what("of a row of -inf and NaN: its first -inf"));
+    assert_eq!((got[2].token, got[2].p_at), (0, 1.0), "{}", what("of a row of NaN"));
+
+    let logits = [0.3f32, -1.2, 2.0, 0.0, 1.1, -0.4];
+    let (n, cols, temperature) = (40_000usize, logits.len(), 0.8f32);
+    let x: Vec<f32> = logits.iter().copied().cycle().take(n * cols).collect();
+    let q = SparseDist::of(&[0.1, 0.0, 0.6, 0.1, 0.2, 0.0]);
+    let t = up(b, n, cols, &x);
+    for (minus, name) in [(vec![], "from p"), (vec![q; n], "from max(0, p - q)")] {
+        let d = Draw { temperature, seed: 99, at: vec![2; n], minus };
+        let (p, want) = draw_reference(&logits, 0, &d);
+        let total: f64 = want.iter().sum();
+        let want: Vec<f64> = want.iter().map(|x| x / total).collect();
+        let got = block_on(b.draw(&t, &d)).unwrap();
+        let mut counts = vec![0u64; cols];
+        got.iter().for_each(|d| counts[d.token as usize] += 1);
+        for (c, (&k, &e)) in counts.iter().zip(&want).enumerate() {
+            let z = (k as f64 - n as f64 * e) / (n as f64 * e * (1.0 - e)).sqrt().max(1.0);
+            assert!(z.abs() < 5.0, "{}: token {c} drawn {k} times where {:.0} were expected", what(name), n as f64 * e);
+        }
+        assert!((got[0].p_at as f64 - p[2]).abs() < 1e-6, "{}: p {} against {}", what("p_at"), got[0].p_at, p[2]);
+    }
+
+    let x = up(b, 2, 8, &[0.0; 16]);
+    for (temperature, at, minus) in [(0.0, 2, 0), (f32::INFINITY, 2, 0), (1e-40, 2, 0), (1.0, 1, 0), (1.0, 2, 1)] {
+        let d = Draw { temperature, seed: 0, at: vec![0; at], minus: vec![SparseDist::default(); minus] };
+        let r = block_on(b.draw(&x, &d));
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{}: {:?}", what(&format!("at {temperature}, {at} rows, {minus} residuals")), r.err());
+    }
+}
+
+/// The GPU's draws are an exponential race on `race_bits`' times: the same race run here in f64
+/// gives the same tokens (the GPU's f32 keys would differ only between two within rounding of
+/// each other), on both reduction paths.
+#[test]
+fn gpu_draws_are_the_reference_race() {
+    for g in [util::shared_gpu(), gpu_plain()].into_iter().flatten() {
+        for (rows, cols, x, d) in draw_cases(72) {
+            let got = block_on(g.draw(&up(g, rows, cols, &x), &d)).unwrap();
+            for (r, (got, row)) in got.iter().zip(x.chunks_exact(cols)).enumerate() {
+                let (_, from) = draw_reference(row, r, &d);
+                let time = |c: usize| -(-((race_bits(d.seed, r as u32, c as u32) as f64 + 0.5) / 2f64.powi(32))).ln_1p();
+                let key = |c: usize| from[c].ln() - time(c).ln();
+                let won = (0..cols).filter(|&c| from[c] > 0.0).fold(None, |best: Option<usize>, c| match best {
+                    Some(b) if key(b) >= key(c) => Some(b),
+                    _ => Some(c),
+                });
+                assert_eq!(Some(got.token as usize), won, "{}: row {r} of {rows}x{cols}", g.name());
+            }
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 
 use web_time::Instant;
 
-use super::{Activation, AttnShape, Backend, Batch, Rope, NO_SLOT};
+use super::{Activation, AttnShape, Backend, Batch, Draw, Rope, SparseDist, NO_SLOT};
 use crate::error::Result;
 use crate::sampling::Rng;
 use crate::storage::quant::DType;
@@ -264,6 +264,17 @@ pub async fn bench_kernels<B: Backend>(b: &B, opts: &BenchOptions) -> Result<Vec
         let at = vec![NO_SLOT; m];
         time!("top_k 64", format!("m={m} cols={}", o.vocab), 4 * m * o.vocab, 0, {
             b.top_k(&logits, 64, 1.0, &at).await?;
+        });
+        // Sampled verification over the whole vocabulary: the rows themselves back, or a token drawn
+        // from its residual after a draft of 64 candidates (and a probability) back.
+        time!("read rows", format!("m={m} cols={}", o.vocab), 4 * m * o.vocab, 0, {
+            b.read(&logits).await?;
+        });
+        let mut q = vec![0.0; o.vocab];
+        q.iter_mut().step_by(o.vocab.div_ceil(64)).for_each(|x| *x = 1.0 / 64.0);
+        let draw = Draw { temperature: 1.0, seed: 1, at: vec![0; m], minus: vec![SparseDist::of(&q); m] };
+        time!("draw", format!("m={m} cols={}", o.vocab), 4 * m * o.vocab, 0, {
+            b.draw(&logits, &draw).await?;
         });
         // m new tokens after `context` cached ones, causally.
         let mut cache = b.new_cache(1, o.context + m, kv_dim)?;

@@ -5,7 +5,9 @@ pub mod cpu;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 mod bench;
+pub mod draw;
 
+pub use draw::{Draw, Drawn, SparseDist};
 pub use bench::{bench_kernels, random_weight, BenchOptions, KernelBench, WeightsIn};
 
 use std::future::Future;
@@ -369,6 +371,9 @@ pub trait Backend {
     /// row's log-sum-exp at `temperature`, and its value at column `at[row]`: only these leave
     /// the backend.
     fn top_k(&self, x: &Self::Tensor, k: usize, temperature: f32, at: &[u32]) -> impl Future<Output = Result<TopK>>;
+    /// A token drawn from each row of `x` as `draw` says (see [`draw`]), with the row's
+    /// probability at its asked-for column: only these leave the backend.
+    fn draw(&self, x: &Self::Tensor, draw: &Draw) -> impl Future<Output = Result<Vec<Drawn>>>;
     /// Resolves once every op issued so far has finished (for timing queued ops).
     fn sync(&self) -> impl Future<Output = Result<()>>;
 }

@@ -3,11 +3,11 @@
 
 use web_time::Instant;
 
-use super::target_rows::Rows;
+use super::target_rows::sample_next;
 use super::{elapsed_ms, Generation, Output, Request, Sink, Stats};
 use crate::error::Result;
 use crate::model::runner::{append, Lm, Want};
-use crate::sampling::{self, Rng};
+use crate::sampling::Rng;
 
 /// A generation whose prompt the target has read.
 pub(crate) struct Prefill {
@@ -27,8 +27,7 @@ pub(crate) async fn prefill(target: &mut dyn Lm, req: &Request, mode: &str) -> R
     let first = if req.sampling.is_greedy() {
         append(target, &req.prompt, Want::LastTopK { k: 1, temperature: 1.0 }).await?.top_k().ids[0]
     } else {
-        let rows = Rows::from_output(append(target, &req.prompt, Rows::want_last(&req.sampling)).await?);
-        sampling::sample(&rows.probs(0, target.config().vocab_size, &req.sampling), &mut rng)
+        sample_next(target, &req.prompt, &req.sampling, &mut rng).await?
     };
     Ok(Prefill { rng, stats, first, started })
 }

@@ -3,7 +3,7 @@
 
 use futures::future::LocalBoxFuture;
 
-use crate::backend::{check_top_k, Backend, Batch, TopK, NO_SLOT};
+use crate::backend::{check_top_k, draw, Backend, Batch, Draw, Drawn, TopK, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::config::ModelConfig;
@@ -38,6 +38,15 @@ pub trait Lm {
             check_top_k(out_rows.len(), k, temperature, at)?;
             let logits = self.logits(batch, out_rows).await?;
             Ok(TopK::of(&logits, self.config().vocab_size, k, temperature, at))
+        })
+    }
+    /// Like [`Lm::logits`], but only a token drawn from each row and its probability at the
+    /// row's asked-for token leave the backend, as [`Draw`] says.
+    fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {
+        Box::pin(async move {
+            draw.check(out_rows.len(), self.config().vocab_size)?;
+            let logits = self.logits(batch, out_rows).await?;
+            draw::on_host(&logits, self.config().vocab_size, draw)
         })
     }
     /// Mark `n` tokens just written by a causal batch at `len()` as committed.
@@ -87,6 +96,9 @@ impl<L: Lm + ?Sized> Lm for Box<L> {
     ) -> LocalBoxFuture<'a, Result<TopK>> {
         (**self).top_k(batch, out_rows, k, temperature, at)
     }
+    fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {
+        (**self).draw(batch, out_rows, draw)
+    }
 }
 
 /// What to read back from an append.
@@ -101,12 +113,15 @@ pub enum Want {
     AllTopK { k: usize, temperature: f32, at: Vec<u32> },
     /// The last row's [`TopK`].
     LastTopK { k: usize, temperature: f32 },
+    /// A token drawn from the last row ([`Draw`] of one row).
+    LastDraw { temperature: f32, seed: u64 },
 }
 
 pub enum Output {
     Logits(Vec<f32>),
     Argmax(Vec<u32>),
     TopK(TopK),
+    Drawn(Drawn),
 }
 
 impl Output {
@@ -126,6 +141,12 @@ impl Output {
         match self {
             Output::TopK(t) => t,
             _ => unreachable!("asked for top-k"),
+        }
+    }
+    pub fn drawn(self) -> Drawn {
+        match self {
+            Output::Drawn(d) => d,
+            _ => unreachable!("asked for a draw"),
         }
     }
 }
@@ -149,6 +170,10 @@ pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want) -> Result<Outpu
             Output::TopK(lm.top_k(&batch, &(0..n).collect::<Vec<_>>(), k, temperature, &at).await?)
         }
         Want::LastTopK { k, temperature } => Output::TopK(lm.top_k(&batch, &[n - 1], k, temperature, &[NO_SLOT]).await?),
+        Want::LastDraw { temperature, seed } => {
+            let draw = Draw { temperature, seed, at: vec![NO_SLOT], minus: vec![] };
+            Output::Drawn(lm.draw(&batch, &[n - 1], &draw).await?[0])
+        }
     };
     lm.advance(tokens.len())?;
     Ok(out)
@@ -224,6 +249,15 @@ impl<L: Lm, H: FnMut(&Batch) -> Pause> Lm for Hooked<L, H> {
             self.inner.top_k(batch, out_rows, k, temperature, at).await
         })
     }
+    fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {
+        let pause = (self.hook)(batch);
+        Box::pin(async move {
+            if let Some(p) = pause {
+                p.await;
+            }
+            self.inner.draw(batch, out_rows, draw).await
+        })
+    }
 }
 
 pub struct Runner<B: Backend> {
@@ -236,6 +270,11 @@ impl<B: Backend> Runner<B> {
         model.use_context(capacity);
         let store = model.new_cache(capacity)?;
         Ok(Runner { model, cache: KvCache::new(store, capacity) })
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        &self.model.backend
     }
 
     fn run(&mut self, batch: &Batch, out_rows: &[u32]) -> Result<B::Tensor> {
@@ -310,6 +349,20 @@ impl<B: Backend> Lm for Runner<B> {
             let tokens = self.model.head_tokens().expect("a pruned head");
             top.ids.iter_mut().for_each(|i| *i = tokens[*i as usize]);
             Ok(top)
+        })
+    }
+    fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {
+        Box::pin(async move {
+            let Some(tokens) = self.model.head_tokens() else {
+                let t = self.run(batch, out_rows)?;
+                return self.model.backend.draw(&t, draw).await;
+            };
+            // A pruned head's rows are its tokens, which the draw then names by column.
+            let head_draw = draw.for_head(tokens);
+            let t = self.run(batch, out_rows)?;
+            let drawn = self.model.backend.draw(&t, &head_draw).await?;
+            let tokens = self.model.head_tokens().expect("a pruned head");
+            Ok(drawn.into_iter().map(|d| Drawn { token: tokens[d.token as usize], ..d }).collect())
         })
     }
 }

@@ -9,6 +9,7 @@ mod quantize;
 
 use std::future::{ready, Future};
 
+use crate::backend::draw::{self, Draw, Drawn};
 use crate::backend::{all_ok, check_top_k, rope_table, Activation, AttnShape, Backend, Batch, Rope, TopK};
 use crate::error::{Error, Result};
 use crate::storage::Weight;
@@ -282,6 +283,10 @@ impl Backend for CpuBackend {
 
     fn top_k(&self, x: &Tensor, k: usize, temperature: f32, at: &[u32]) -> impl Future<Output = Result<TopK>> {
         ready(check_top_k(x.rows, k, temperature, at).map(|()| TopK::of(&x.data, x.cols, k, temperature, at)))
+    }
+
+    fn draw(&self, x: &Tensor, draw: &Draw) -> impl Future<Output = Result<Vec<Drawn>>> {
+        ready(draw::on_host(&x.data, x.cols, draw))
     }
 
     /// Every op has finished when it returns.

@@ -31,6 +31,8 @@ pub(super) struct Recorder {
     dispatches: usize,
     /// Dispatches since the backend opened.
     pub recorded: u64,
+    /// Bytes copied back to the host since the backend opened.
+    pub read_back: u64,
 }
 
 /// A storage buffer bound at `binding`, its first `size` bytes.
@@ -174,7 +176,10 @@ impl GpuBackend {
             false,
             "read-back",
         )?;
-        self.submit(&mut self.rec.lock().unwrap(), |e| e.copy_buffer_to_buffer(src, 0, &staging, 0, bytes));
+        let mut rec = self.rec.lock().unwrap();
+        rec.read_back += bytes;
+        self.submit(&mut rec, |e| e.copy_buffer_to_buffer(src, 0, &staging, 0, bytes));
+        drop(rec);
         let (tx, rx) = oneshot::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);

@@ -14,6 +14,7 @@ mod argmax;
 mod attention;
 mod buffers;
 mod device;
+mod draw;
 mod elementwise;
 mod embed;
 mod encoder;
@@ -28,7 +29,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{Activation, AttnShape, Backend, Batch, KvCache, Rope, TopK};
+use crate::backend::{Activation, AttnShape, Backend, Batch, Draw, Drawn, KvCache, Rope, TopK};
 use crate::error::{Error, Result};
 use crate::storage::Weight as HostWeight;
 
@@ -169,6 +170,12 @@ impl GpuBackend {
     /// GPU pays per-dispatch overhead on, which fused passes lower.
     pub fn dispatches_recorded(&self) -> u64 {
         self.rec.lock().unwrap().recorded
+    }
+
+    /// Bytes read back to the host since the backend opened: what leaves the GPU per token or
+    /// per speculation round.
+    pub fn bytes_read_back(&self) -> u64 {
+        self.rec.lock().unwrap().read_back
     }
 
     /// Frees the device and its memory now rather than at drop: every later call fails with
@@ -325,6 +332,10 @@ impl Backend for GpuBackend {
 
     fn top_k(&self, x: &Tensor, k: usize, temperature: f32, at: &[u32]) -> impl Future<Output = Result<TopK>> {
         self.top_k_rows(x, k, temperature, at)
+    }
+
+    fn draw(&self, x: &Tensor, draw: &Draw) -> impl Future<Output = Result<Vec<Drawn>>> {
+        self.draw_rows(x, draw)
     }
 
     fn sync(&self) -> impl Future<Output = Result<()>> {

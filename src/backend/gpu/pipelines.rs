@@ -12,12 +12,14 @@ use super::device::scoped;
 pub(super) struct Shader {
     name: &'static str,
     source: &'static str,
-    /// Sources of shared functions prepended to it: the weight decoders, the gating function.
+    /// Sources of shared functions prepended to it: the weight decoders, the gating function, the
+    /// order keys of values.
     includes: &'static [&'static str],
 }
 
 const DEQUANT: &str = include_str!("../../../shaders/dequant.wgsl");
 const GATE: &str = include_str!("../../../shaders/gate.wgsl");
+const ORDER: &str = include_str!("../../../shaders/order.wgsl");
 
 /// WGSL pieces a kernel takes in place of a placeholder whose value names them (`@name`): one
 /// function written for two kinds of device, or the bindings and accessors of one buffer stored
@@ -40,7 +42,8 @@ pub(super) const ATTENTION: Shader =
     Shader { name: "attention", source: include_str!("../../../shaders/attention.wgsl"), includes: &[] };
 pub(super) const ELEMENTWISE: Shader =
     Shader { name: "elementwise", source: include_str!("../../../shaders/elementwise.wgsl"), includes: &[GATE] };
-pub(super) const TOPK: Shader = Shader { name: "topk", source: include_str!("../../../shaders/topk.wgsl"), includes: &[] };
+pub(super) const TOPK: Shader = Shader { name: "topk", source: include_str!("../../../shaders/topk.wgsl"), includes: &[ORDER] };
+pub(super) const DRAW: Shader = Shader { name: "draw", source: include_str!("../../../shaders/draw.wgsl"), includes: &[ORDER] };
 pub(super) const ARGMAX: Shader =
     Shader { name: "argmax", source: include_str!("../../../shaders/argmax.wgsl"), includes: &[] };
 

@@ -9,8 +9,8 @@
 
 use super::config::Fault;
 use super::drafter::Proposal;
-use crate::backend::Batch;
-use crate::decode::target_rows::Rows;
+use crate::backend::{Batch, Draw, Drawn, SparseDist, NO_SLOT};
+use crate::decode::target_rows::{drawn_on_backend, Rows};
 use crate::error::Result;
 use crate::model::runner::Lm;
 use crate::sampling::{self, Rng, SamplingParams};
@@ -50,6 +50,17 @@ pub(crate) async fn verify(
     let rows: Vec<u32> = (0..=n as u32).collect();
     let outcome = if params.is_greedy() {
         judge_greedy(&proposal.tokens, &target.argmax(&batch, &rows).await?)
+    } else if drawn_on_backend(params) {
+        assert_eq!(proposal.q.len(), n, "every sampled draft token must come with the q it was drawn from");
+        // Each row draws from the residual it would be drawn from after a rejection there; the
+        // last row, reached after none, from p.
+        let minus = match fault {
+            Some(Fault::ResidualIsTarget) => vec![],
+            None => proposal.q.iter().map(|q| SparseDist::of(q)).chain([SparseDist::default()]).collect(),
+        };
+        let at = proposal.tokens.iter().copied().chain([NO_SLOT]).collect();
+        let draw = Draw { temperature: params.temperature, seed: rng.next_u64(), at, minus };
+        judge_drawn(proposal, &target.draw(&batch, &rows, &draw).await?, rng)
     } else {
         // Pairing tokens with distributions below would silently pass a token that lacks its q.
         assert_eq!(proposal.q.len(), n, "every sampled draft token must come with the q it was drawn from");
@@ -84,6 +95,19 @@ fn judge_sampled(proposal: &Proposal, p: impl Fn(usize) -> Vec<f32>, rng: &mut R
         })
     });
     rejected.unwrap_or_else(|| Outcome { accepted: n, bonus: sampling::sample(&p(n), rng) })
+}
+
+/// [`judge_sampled`] where the target's rows stayed on its backend: `drawn[i]` holds p_i at draft
+/// token i and a token drawn from the residual of p_i and q_i, `drawn[n]` one drawn from p_n.
+/// Each row's draw is independent of the acceptance tests, so taking the draw at the first
+/// rejection is drawing from that residual.
+fn judge_drawn(proposal: &Proposal, drawn: &[Drawn], rng: &mut Rng) -> Outcome {
+    let n = proposal.tokens.len();
+    let rejected = proposal.tokens.iter().zip(&proposal.q).zip(drawn).position(|((&s, q), d)| {
+        !sampling::accept_at(d.p_at, q.get(s as usize).copied().unwrap_or(0.0), rng)
+    });
+    let accepted = rejected.unwrap_or(n);
+    Outcome { accepted, bonus: drawn[accepted].token }
 }
 
 #[cfg(test)]
