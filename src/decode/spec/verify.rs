@@ -50,23 +50,24 @@ pub(crate) async fn verify(
     let rows: Vec<u32> = (0..=n as u32).collect();
     let outcome = if params.is_greedy() {
         judge_greedy(&proposal.tokens, &target.argmax(&batch, &rows).await?)
-    } else if drawn_on_backend(params) {
-        assert_eq!(proposal.q.len(), n, "every sampled draft token must come with the q it was drawn from");
-        // Each row draws from the residual it would be drawn from after a rejection there; the
-        // last row, reached after none, from p.
-        let minus = match fault {
-            Some(Fault::ResidualIsTarget) => vec![],
-            None => proposal.q.iter().map(|q| SparseDist::of(q)).chain([SparseDist::default()]).collect(),
-        };
-        let at = proposal.tokens.iter().copied().chain([NO_SLOT]).collect();
-        let draw = Draw { temperature: params.temperature, seed: rng.next_u64(), at, minus };
-        judge_drawn(proposal, &target.draw(&batch, &rows, &draw).await?, rng)
     } else {
         // Pairing tokens with distributions below would silently pass a token that lacks its q.
         assert_eq!(proposal.q.len(), n, "every sampled draft token must come with the q it was drawn from");
-        let vocab = target.config().vocab_size;
-        let p_rows = Rows::of(target, &batch, &rows, params).await?;
-        judge_sampled(proposal, |i| p_rows.probs(i, vocab, params), rng, fault)
+        if drawn_on_backend(params) {
+            // Each row draws from the residual it would be drawn from after a rejection there;
+            // the last row, reached after none, from p.
+            let minus = match fault {
+                Some(Fault::ResidualIsTarget) => vec![],
+                None => proposal.q.iter().map(|q| SparseDist::of(q)).chain([SparseDist::default()]).collect(),
+            };
+            let at = proposal.tokens.iter().copied().chain([NO_SLOT]).collect();
+            let draw = Draw { temperature: params.temperature, seed: rng.next_u64(), at, minus };
+            judge_drawn(proposal, &target.draw(&batch, &rows, &draw).await?, rng)
+        } else {
+            let vocab = target.config().vocab_size;
+            let p_rows = Rows::of(target, &batch, &rows, params).await?;
+            judge_sampled(proposal, |i| p_rows.probs(i, vocab, params), rng, fault)
+        }
     };
     target.advance(outcome.accepted + 1)?;
     Ok(outcome)
