@@ -62,7 +62,8 @@ impl SparseDist {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Draw {
     pub temperature: f32,
-    /// The race's times are a function of this, the row and the column.
+    /// What the draw's randomness comes from: with the row and the column, the GPU race's
+    /// times; with the row, the host's random streams.
     pub seed: u64,
     /// Each row's column whose probability comes back ([`NO_SLOT`]: none).
     pub at: Vec<u32>,
