@@ -203,6 +203,41 @@ pub fn probs_among(ids: &[u32], values: &[f32], vocab: usize, p: &SamplingParams
     out
 }
 
+/// [`probs`] of a nucleus without a top-k (`p.top_k` 0, `p.top_p` < 1) from a row's largest
+/// logits alone: `ids` with their logits `values`, ordered as [`top_n`] orders them, and `lse`,
+/// the whole row's [`log_sum_exp`] at the temperature, which gives the mass of the tokens left
+/// out. `None` where they cannot tell: where the nucleus reaches the smallest weight among them
+/// (a token left out may weigh as much), or the row has no finite largest logit. Elsewhere the
+/// same nucleus as [`probs`] over the whole row, whose total weight it takes from `lse`.
+pub fn nucleus_among(ids: &[u32], values: &[f32], lse: f32, vocab: usize, p: &SamplingParams) -> Option<Vec<f32>> {
+    debug_assert_eq!(ids.len(), values.len());
+    let max = *values.first()?;
+    let inv_t = 1.0 / p.temperature;
+    if !(max.is_finite() && lse.is_finite() && p.temperature > 0.0 && inv_t.is_finite()) {
+        return None;
+    }
+    let weights: Vec<f32> = values.iter().map(|&l| if l.is_nan() { 0.0 } else { exp_nonpos((l - max) * inv_t) }).collect();
+    // Σ exp((x - max) / T) over the row, as `probs` weighs it.
+    let total = (lse as f64 - max as f64 * inv_t as f64).exp();
+    let least = *weights.last()?;
+    let target = (p.top_p as f64 - 1e-6) * total;
+    let mut cum = 0.0f64;
+    if !weights.iter().take_while(|&&w| w > least).any(|&w| {
+        cum += w as f64;
+        cum >= target
+    }) {
+        return None;
+    }
+    let mut cand: Vec<u64> = ids.iter().zip(&weights).map(|(&i, &w)| rank_key(w, i)).collect();
+    nucleus(&mut cand, p.top_p, total);
+    let mut out = vec![0.0f32; vocab];
+    if cand.iter().any(|&k| key_index(k) as usize >= vocab) {
+        return None;
+    }
+    write_normalised(&mut out, &cand);
+    Some(out)
+}
+
 /// The distribution sampling actually draws from: softmax(logits / T) restricted to the top-k
 /// logits, then to the top-p nucleus of what remains (the smallest set of highest-probability
 /// tokens whose mass is >= top_p, ties at the boundary going to the lower index), renormalised.
@@ -670,6 +705,46 @@ mod tests {
             assert_close(&got, &probs(&dense, &p), 1e-6);
             assert_eq!(support(&got), support(&probs(&dense, &p)), "trial {trial}: the same tokens kept");
         }
+    }
+
+    #[test]
+    fn a_nucleus_from_the_largest_logits_is_the_whole_rows_or_none() {
+        let mut rng = Rng::new(8);
+        let (mut told, mut untold) = (0, 0);
+        for trial in 0..300 {
+            let vocab = 2_000;
+            // Rows from peaked to flat, with coarse logits so that ties at the cuts are common.
+            let spread = [2.0, 8.0, 20.0, 40.0][trial % 4];
+            let mut logits: Vec<f32> = (0..vocab).map(|_| (rng.uniform() * spread).floor() * 0.5).collect();
+            if trial % 10 == 0 {
+                logits[trial] = f32::NAN;
+            }
+            let n = [64, 200, 512][trial % 3];
+            let ids = top_n(&logits, n, None);
+            let values: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+            let p = params([0.3, 0.8, 1.0, 2.0][trial / 4 % 4], 0, [0.95, 0.9, 0.5, 0.2][trial / 16 % 4]);
+            let lse = log_sum_exp(&logits, p.temperature);
+            match nucleus_among(&ids, &values, lse, vocab, &p) {
+                Some(got) => {
+                    told += 1;
+                    let want = probs(&logits, &p);
+                    assert_eq!(support(&got), support(&want), "trial {trial}: the same tokens kept");
+                    assert_close(&got, &want, 1e-6);
+                }
+                None => {
+                    untold += 1;
+                    // Only where the nucleus reaches the smallest logit read.
+                    let least = *values.last().unwrap();
+                    let reaches = support(&probs(&logits, &p)).iter().any(|&i| logits[i as usize] <= least);
+                    assert!(reaches, "trial {trial}: the nucleus lies within the logits read, yet none came back");
+                }
+            }
+        }
+        assert!(told > 50 && untold > 50, "both outcomes covered: {told} told, {untold} not");
+        let p = params(1.0, 0, 0.9);
+        assert_eq!(nucleus_among(&[3], &[f32::INFINITY], 0.0, 10, &p), None, "an infinite logit");
+        assert_eq!(nucleus_among(&[3], &[1.0], f32::NAN, 10, &p), None, "no log-sum-exp");
+        assert_eq!(nucleus_among(&[], &[], 0.0, 10, &p), None, "no logits");
     }
 
     #[test]

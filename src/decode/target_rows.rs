@@ -4,9 +4,12 @@
 //! - where the sampling keeps a top-k of no more than [`MAX_TOP_K`], each row's top-k (their ids
 //!   and logits: 8 bytes a kept token), from which `probs_among` gives the distribution
 //!   [`sampling::probs`] gives over the row;
-//! - else (a nucleus without a top-k, or a top-k past [`MAX_TOP_K`]) the whole row.
+//! - for a nucleus without a top-k, each row's [`MAX_TOP_K`] largest logits and its log-sum-exp,
+//!   from which [`sampling::nucleus_among`] gives the nucleus, unless a row is so flat that its
+//!   nucleus reaches past them: then the rows are read whole, from the same forward;
+//! - else (a top-k past [`MAX_TOP_K`]) the whole row.
 
-use crate::backend::{Batch, TopK, MAX_TOP_K, NO_SLOT};
+use crate::backend::{Batch, TopK, MAX_TOP_K};
 use crate::error::Result;
 use crate::model::runner::{append, Lm, Output, Want};
 use crate::sampling::{self, Rng, SamplingParams};
@@ -16,15 +19,39 @@ pub(crate) enum Rows {
     Logits(Vec<f32>),
 }
 
-/// The top-k the sampling keeps, where the backend can find it.
+/// How many of each row's largest logits the backend finds for sampling with `params`, where
+/// they can serve.
 fn kept(params: &SamplingParams) -> Option<usize> {
-    (1..=MAX_TOP_K).contains(&params.top_k).then_some(params.top_k)
+    if (1..=MAX_TOP_K).contains(&params.top_k) {
+        Some(params.top_k)
+    } else {
+        nucleus_only(params).then_some(MAX_TOP_K)
+    }
+}
+
+/// A nucleus without a top-k, sampled at a temperature.
+fn nucleus_only(params: &SamplingParams) -> bool {
+    params.top_k == 0 && params.top_p < 1.0 && sampled(params)
+}
+
+/// A temperature the backends sample at (neither greedy nor greedy in the limit).
+fn sampled(params: &SamplingParams) -> bool {
+    params.temperature > 0.0 && (1.0 / params.temperature).is_finite()
 }
 
 /// Whether the backend draws what sampling with `params` draws: from the softmax of the whole row
 /// at a temperature ([`Lm::draw`]).
 pub(crate) fn drawn_on_backend(params: &SamplingParams) -> bool {
-    params.top_k == 0 && params.top_p >= 1.0 && params.temperature > 0.0 && (1.0 / params.temperature).is_finite()
+    params.top_k == 0 && params.top_p >= 1.0 && sampled(params)
+}
+
+/// Whether `top` tells the distribution sampling with `params` draws from at every row.
+fn tells(top: &TopK, vocab: usize, params: &SamplingParams) -> bool {
+    !nucleus_only(params)
+        || (0..top.rows()).all(|r| {
+            let (ids, values) = top.row(r);
+            sampling::nucleus_among(ids, values, top.lse[r], vocab, params).is_some()
+        })
 }
 
 /// Append `tokens` to `lm` and sample the token that follows them.
@@ -33,22 +60,34 @@ pub(crate) async fn sample_next(lm: &mut dyn Lm, tokens: &[u32], params: &Sampli
         let want = Want::LastDraw { temperature: params.temperature, seed: rng.next_u64() };
         return Ok(append(lm, tokens, want).await?.drawn().token);
     }
+    let vocab = lm.config().vocab_size;
+    let enough = |top: &TopK| tells(top, vocab, params);
     let want = match kept(params) {
-        Some(k) => Want::LastTopK { k, temperature: params.temperature },
+        Some(k) => Want::LastTopKOrLogits { k, temperature: params.temperature, enough: &enough },
         None => Want::LastLogits,
     };
-    let rows = match append(lm, tokens, want).await? {
-        Output::TopK(top) => Rows::Top(top),
-        out => Rows::Logits(out.logits()),
-    };
-    Ok(sampling::sample(&rows.probs(0, lm.config().vocab_size, params), rng))
+    let rows = Rows::from(append(lm, tokens, want).await?);
+    Ok(sampling::sample(&rows.probs(0, vocab, params), rng))
+}
+
+impl From<Output> for Rows {
+    fn from(out: Output) -> Rows {
+        match out {
+            Output::TopK(top) => Rows::Top(top),
+            out => Rows::Logits(out.logits()),
+        }
+    }
 }
 
 impl Rows {
     /// Run `batch` on `lm` and read its `rows` back.
     pub async fn of(lm: &mut dyn Lm, batch: &Batch, rows: &[u32], params: &SamplingParams) -> Result<Rows> {
+        let vocab = lm.config().vocab_size;
         Ok(match kept(params) {
-            Some(k) => Rows::Top(lm.top_k(batch, rows, k, params.temperature, &vec![NO_SLOT; rows.len()]).await?),
+            Some(k) => {
+                let enough = |top: &TopK| tells(top, vocab, params);
+                Rows::from(lm.top_k_or_logits(batch, rows, k, params.temperature, &enough).await?)
+            }
             None => Rows::Logits(lm.logits(batch, rows).await?),
         })
     }
@@ -58,7 +97,11 @@ impl Rows {
         match self {
             Rows::Top(top) => {
                 let (ids, values) = top.row(i);
-                sampling::probs_among(ids, values, vocab, params)
+                match nucleus_only(params) {
+                    true => sampling::nucleus_among(ids, values, top.lse[i], vocab, params)
+                        .expect("rows whose top-k cannot tell their nucleus are read whole"),
+                    false => sampling::probs_among(ids, values, vocab, params),
+                }
             }
             Rows::Logits(logits) => sampling::probs(&logits[i * vocab..(i + 1) * vocab], params),
         }

@@ -40,6 +40,25 @@ pub trait Lm {
             Ok(TopK::of(&logits, self.config().vocab_size, k, temperature, at))
         })
     }
+    /// Like [`Lm::top_k`] (no asked-for columns), then the rows' logits too where `enough` finds
+    /// the top-k short of what the caller needs: [`Output::TopK`] or [`Output::Logits`]. The
+    /// logits come from the same forward, not a second one.
+    fn top_k_or_logits<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        out_rows: &'a [u32],
+        k: usize,
+        temperature: f32,
+        enough: &'a dyn Fn(&TopK) -> bool,
+    ) -> LocalBoxFuture<'a, Result<Output>> {
+        Box::pin(async move {
+            let none = vec![NO_SLOT; out_rows.len()];
+            check_top_k(out_rows.len(), k, temperature, &none)?;
+            let logits = self.logits(batch, out_rows).await?;
+            let top = TopK::of(&logits, self.config().vocab_size, k, temperature, &none);
+            Ok(if enough(&top) { Output::TopK(top) } else { Output::Logits(logits) })
+        })
+    }
     /// Like [`Lm::logits`], but only a token drawn from each row and its probability at the
     /// row's asked-for token leave the backend, as [`Draw`] says.
     fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {
@@ -96,13 +115,23 @@ impl<L: Lm + ?Sized> Lm for Box<L> {
     ) -> LocalBoxFuture<'a, Result<TopK>> {
         (**self).top_k(batch, out_rows, k, temperature, at)
     }
+    fn top_k_or_logits<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        out_rows: &'a [u32],
+        k: usize,
+        temperature: f32,
+        enough: &'a dyn Fn(&TopK) -> bool,
+    ) -> LocalBoxFuture<'a, Result<Output>> {
+        (**self).top_k_or_logits(batch, out_rows, k, temperature, enough)
+    }
     fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {
         (**self).draw(batch, out_rows, draw)
     }
 }
 
 /// What to read back from an append.
-pub enum Want {
+pub enum Want<'a> {
     /// Logits of the last row.
     LastLogits,
     /// Logits of every row.
@@ -113,6 +142,9 @@ pub enum Want {
     AllTopK { k: usize, temperature: f32, at: Vec<u32> },
     /// The last row's [`TopK`].
     LastTopK { k: usize, temperature: f32 },
+    /// The last row's [`TopK`], or its logits where `enough` finds the top-k short
+    /// ([`Lm::top_k_or_logits`]).
+    LastTopKOrLogits { k: usize, temperature: f32, enough: &'a dyn Fn(&TopK) -> bool },
     /// A token drawn from the last row ([`Draw`] of one row).
     LastDraw { temperature: f32, seed: u64 },
 }
@@ -152,7 +184,7 @@ impl Output {
 }
 
 /// Append `tokens` causally at the end of the committed sequence and commit them.
-pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want) -> Result<Output> {
+pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want<'_>) -> Result<Output> {
     if tokens.is_empty() {
         return Err(Error::InvalidArgument("no tokens to run".into()));
     }
@@ -170,6 +202,7 @@ pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want) -> Result<Outpu
             Output::TopK(lm.top_k(&batch, &(0..n).collect::<Vec<_>>(), k, temperature, &at).await?)
         }
         Want::LastTopK { k, temperature } => Output::TopK(lm.top_k(&batch, &[n - 1], k, temperature, &[NO_SLOT]).await?),
+        Want::LastTopKOrLogits { k, temperature, enough } => lm.top_k_or_logits(&batch, &[n - 1], k, temperature, enough).await?,
         Want::LastDraw { temperature, seed } => {
             let draw = Draw { temperature, seed, at: vec![NO_SLOT], minus: vec![] };
             Output::Drawn(lm.draw(&batch, &[n - 1], &draw).await?[0])
@@ -249,6 +282,22 @@ impl<L: Lm, H: FnMut(&Batch) -> Pause> Lm for Hooked<L, H> {
             self.inner.top_k(batch, out_rows, k, temperature, at).await
         })
     }
+    fn top_k_or_logits<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        out_rows: &'a [u32],
+        k: usize,
+        temperature: f32,
+        enough: &'a dyn Fn(&TopK) -> bool,
+    ) -> LocalBoxFuture<'a, Result<Output>> {
+        let pause = (self.hook)(batch);
+        Box::pin(async move {
+            if let Some(p) = pause {
+                p.await;
+            }
+            self.inner.top_k_or_logits(batch, out_rows, k, temperature, enough).await
+        })
+    }
     fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {
         let pause = (self.hook)(batch);
         Box::pin(async move {
@@ -287,6 +336,27 @@ impl<B: Backend> Runner<B> {
         }
         self.model.forward(&mut self.cache.store, batch, out_rows)
     }
+
+    /// A forward's logits, over the whole vocabulary.
+    async fn logits_of(&self, t: &B::Tensor) -> Result<Vec<f32>> {
+        let logits = self.model.backend.read(t).await?;
+        Ok(match self.model.head_tokens() {
+            Some(tokens) => scatter(&logits, tokens, self.model.config.vocab_size),
+            None => logits,
+        })
+    }
+
+    /// A forward's [`TopK`], by token.
+    async fn top_k_of(&self, t: &B::Tensor, k: usize, temperature: f32, at: &[u32]) -> Result<TopK> {
+        let Some(tokens) = self.model.head_tokens() else {
+            return self.model.backend.top_k(t, k, temperature, at).await;
+        };
+        // A pruned head's rows are its tokens; every other token's logit is -inf.
+        let head_at: Vec<u32> = at.iter().map(|&a| tokens.iter().position(|&t| t == a).map_or(NO_SLOT, |i| i as u32)).collect();
+        let mut top = self.model.backend.top_k(t, k, temperature, &head_at).await?;
+        top.ids.iter_mut().for_each(|i| *i = tokens[*i as usize]);
+        Ok(top)
+    }
 }
 
 impl<B: Backend> Lm for Runner<B> {
@@ -311,11 +381,7 @@ impl<B: Backend> Lm for Runner<B> {
     fn logits<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>>> {
         Box::pin(async move {
             let t = self.run(batch, out_rows)?;
-            let logits = self.model.backend.read(&t).await?;
-            Ok(match self.model.head_tokens() {
-                Some(tokens) => scatter(&logits, tokens, self.model.config.vocab_size),
-                None => logits,
-            })
+            self.logits_of(&t).await
         })
     }
     fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
@@ -337,18 +403,22 @@ impl<B: Backend> Lm for Runner<B> {
         at: &'a [u32],
     ) -> LocalBoxFuture<'a, Result<TopK>> {
         Box::pin(async move {
-            let Some(tokens) = self.model.head_tokens() else {
-                let t = self.run(batch, out_rows)?;
-                return self.model.backend.top_k(&t, k, temperature, at).await;
-            };
-            // A pruned head's rows are its tokens; every other token's logit is -inf.
-            let head_at: Vec<u32> =
-                at.iter().map(|&a| tokens.iter().position(|&t| t == a).map_or(NO_SLOT, |i| i as u32)).collect();
             let t = self.run(batch, out_rows)?;
-            let mut top = self.model.backend.top_k(&t, k, temperature, &head_at).await?;
-            let tokens = self.model.head_tokens().expect("a pruned head");
-            top.ids.iter_mut().for_each(|i| *i = tokens[*i as usize]);
-            Ok(top)
+            self.top_k_of(&t, k, temperature, at).await
+        })
+    }
+    fn top_k_or_logits<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        out_rows: &'a [u32],
+        k: usize,
+        temperature: f32,
+        enough: &'a dyn Fn(&TopK) -> bool,
+    ) -> LocalBoxFuture<'a, Result<Output>> {
+        Box::pin(async move {
+            let t = self.run(batch, out_rows)?;
+            let top = self.top_k_of(&t, k, temperature, &vec![NO_SLOT; out_rows.len()]).await?;
+            Ok(if enough(&top) { Output::TopK(top) } else { Output::Logits(self.logits_of(&t).await?) })
         })
     }
     fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {

@@ -214,7 +214,7 @@ impl<M: DraftLm> DraftKv<M> {
     }
 
     /// Write the run's tokens not written yet after the others, and read `want` back.
-    async fn feed(&mut self, want: Want) -> Result<Output> {
+    async fn feed(&mut self, want: Want<'_>) -> Result<Output> {
         let run = &mut self.run;
         let out = append(self.lm.get_mut(), &run.line[run.written..], want).await?;
         run.written = run.line.len();
