@@ -35,10 +35,8 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 const TWO_TO_MINUS_32: f32 = 2.3283064365386963e-10;
 
 var<workgroup> pairs: array<vec2<u32>, WG>;
-var<workgroup> sums: array<f32, WG>;
 // What thread 0 tells the others, read with workgroupUniformLoad so that they may branch on it.
 var<workgroup> chosen: vec2<u32>;
-var<workgroup> total: f32;
 
 // The first of the threads' pairs in `before`'s order, for every thread.
 fn first_pair(t: u32, mine: vec2<u32>) -> vec2<u32> {
@@ -113,18 +111,7 @@ fn draw(
             sum += exp(scaled(v, mv, m_inf));
         }
     }
-    sums[t] = sum;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            sums[t] += sums[t + s];
-        }
-        workgroupBarrier();
-    }
-    if (t == 0u) {
-        total = sums[0];
-    }
-    let ln_sum = log(workgroupUniformLoad(&total));
+    let ln_sum = log(workgroup_sum(t, sum));
 
     let row_key = mix(mix(mix(p.seed_hi ^ 0x9e3779b9u) ^ p.seed_lo) + row);
     let q_start = q[p.rows + row];

@@ -40,7 +40,6 @@ var<workgroup> rank_bits: u32;
 var<workgroup> rank_mask: u32;
 var<workgroup> remaining: u32;
 var<workgroup> sharing: u32;
-var<workgroup> red: array<f32, WG>;
 
 // One radix pass: the 8 bits at `shift` of the key (or, `on_rank`, of the column's rank ~c)
 // among the row's entries that share the bits found so far; thread 0 then takes the highest bin
@@ -175,16 +174,9 @@ fn select_top(
             sum += exp(v / p.temperature - top);
         }
     }
-    red[t] = sum;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            red[t] += red[t + s];
-        }
-        workgroupBarrier();
-    }
+    let total = workgroup_sum(t, sum);
     if (t == 0u) {
-        pout[base + 2u * p.k] = bitcast<u32>(top + log(red[0]));
+        pout[base + 2u * p.k] = bitcast<u32>(top + log(total));
         let c = cols[row];
         // -inf's bits for a column out of range.
         pout[base + 2u * p.k + 1u] = select(0xff800000u, bitcast<u32>(x[row * p.n + min(c, p.n - 1u)]), c < p.n);

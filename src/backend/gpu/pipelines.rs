@@ -20,6 +20,7 @@ pub(super) struct Shader {
 const DEQUANT: &str = include_str!("../../../shaders/dequant.wgsl");
 const GATE: &str = include_str!("../../../shaders/gate.wgsl");
 const ORDER: &str = include_str!("../../../shaders/order.wgsl");
+const WORKGROUP_SUM: &str = include_str!("../../../shaders/workgroup_sum.wgsl");
 
 /// WGSL pieces a kernel takes in place of a placeholder whose value names them (`@name`): one
 /// function written for two kinds of device, or the bindings and accessors of one buffer stored
@@ -42,8 +43,8 @@ pub(super) const ATTENTION: Shader =
     Shader { name: "attention", source: include_str!("../../../shaders/attention.wgsl"), includes: &[] };
 pub(super) const ELEMENTWISE: Shader =
     Shader { name: "elementwise", source: include_str!("../../../shaders/elementwise.wgsl"), includes: &[GATE] };
-pub(super) const TOPK: Shader = Shader { name: "topk", source: include_str!("../../../shaders/topk.wgsl"), includes: &[ORDER] };
-pub(super) const DRAW: Shader = Shader { name: "draw", source: include_str!("../../../shaders/draw.wgsl"), includes: &[ORDER] };
+pub(super) const TOPK: Shader = Shader { name: "topk", source: include_str!("../../../shaders/topk.wgsl"), includes: &[ORDER, WORKGROUP_SUM] };
+pub(super) const DRAW: Shader = Shader { name: "draw", source: include_str!("../../../shaders/draw.wgsl"), includes: &[ORDER, WORKGROUP_SUM] };
 pub(super) const ARGMAX: Shader =
     Shader { name: "argmax", source: include_str!("../../../shaders/argmax.wgsl"), includes: &[] };
 
