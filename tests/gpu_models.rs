@@ -4,6 +4,7 @@
 //! (lavapipe) is slow, so each model runs one short golden case. Skips (and says so) only where
 //! no GPU adapter exists at all and `SAGUARO_REQUIRE_GPU=1` is not set.
 
+mod common;
 mod util;
 
 use futures::executor::block_on;
@@ -14,6 +15,7 @@ use saguaro::decode::{generate_ar, generate_sd, generate_ssd, Backup, DraftWorke
 use saguaro::model::runner::{Lm, Runner};
 use saguaro::model::transformer::Transformer;
 use saguaro::sampling::SamplingParams;
+use common::distribution::{assert_unbiased, seeded, tiny, Counts, Exact, K, SEQ, TINY_CAPACITY, VOCAB};
 use util::*;
 
 /// The GPU computes in f32 throughout (weights decoded exactly, activations never quantized).
@@ -199,4 +201,43 @@ fn sampled_rounds_read_back_no_rows_from_the_gpu() {
             }
         }
     }
+}
+
+/// A nucleus without a top-k, sampled with the target on the GPU, which sends each row's largest
+/// logits and log-sum-exp (`Backend::top_k`): AR and SD output has the target's exact
+/// distribution (tests/common/distribution.rs). At this temperature the tiny model's nucleus
+/// reaches its least likely token in most rows, so those rows come whole and the rest are told
+/// from the top-k; the test requires both. Half the samples of the CPU tests (lavapipe runs a
+/// tiny forward far slower than the CPU): a bias of 3% of the mass stands out.
+#[test]
+fn a_nucleus_sampled_on_the_gpu_has_the_targets_distribution() {
+    if !gpu_available() {
+        return;
+    }
+    let params = SamplingParams { temperature: 2.0, top_k: 0, top_p: 0.99, seed: 0 };
+    let exact = Exact::of(&tiny().target, &params);
+    let mut target = Runner::new(Transformer::new(gpu(), &tiny().target).unwrap(), TINY_CAPACITY).unwrap();
+    let mut draft = Runner::new(Transformer::new(CpuBackend::new(1).unwrap(), &tiny().draft).unwrap(), TINY_CAPACITY).unwrap();
+    let row = 4 * VOCAB as u64;
+    let mut reads = Vec::new();
+    const SAMPLES: u64 = common::distribution::SAMPLES / 2;
+    let counts = Counts::of(SAMPLES, |seed| {
+        let before = target.backend().bytes_read_back();
+        let g = block_on(generate_ar(&mut target, &seeded(params, seed), &mut |_| true)).unwrap();
+        reads.push(target.backend().bytes_read_back() - before);
+        g.tokens
+    });
+    assert_unbiased("gpu ar top-p", &counts, &exact);
+    // Every token's row sends its top-k (the 16 tokens, 8 bytes each, and 8 more), and its
+    // logits after it where they do not tell the nucleus.
+    let top_k = (SEQ * (8 * VOCAB + 8)) as u64;
+    let whole: u64 = reads.iter().map(|&b| (b - top_k) / row).sum();
+    let rows = SEQ as u64 * SAMPLES;
+    eprintln!("{whole} of {rows} rows read whole");
+    assert!(whole > 0 && whole < rows, "both paths ran: {whole} of {rows} rows read whole");
+    let spec = SpecConfig::new(K, "uniform:1".parse().unwrap(), 1.0, Backup::Jit);
+    let counts = Counts::of(SAMPLES, |seed| {
+        block_on(generate_sd(&mut target, &mut draft, &seeded(params, seed), &spec, &mut |_| true)).unwrap().tokens
+    });
+    assert_unbiased("gpu sd top-p", &counts, &exact);
 }

@@ -302,6 +302,11 @@ pub trait Backend {
     type Cache;
 
     fn name(&self) -> String;
+    /// Whether tensors live in host memory, where reading rows back is a copy: a sampler then
+    /// reads them rather than ask for their top-k, which costs more to find there.
+    fn host_memory(&self) -> bool {
+        false
+    }
     fn load_weight(&self, w: &Weight) -> Result<Self::Weight>;
     fn new_cache(&self, n_layers: usize, capacity: usize, kv_dim: usize) -> Result<Self::Cache>;
     /// A `[rows, cols]` tensor holding `data`.

@@ -8,6 +8,9 @@
 //!   from which [`sampling::nucleus_among`] gives the nucleus, unless a row is so flat that its
 //!   nucleus reaches past them: then the rows are read whole, from the same forward;
 //! - else (a top-k past [`MAX_TOP_K`]) the whole row.
+//!
+//! A backend in host memory ([`crate::backend::Backend::host_memory`], the CPU's) hands its rows
+//! over whole in place of a top-k: there the row costs less than finding its top-k.
 
 use crate::backend::{Batch, TopK, MAX_TOP_K};
 use crate::error::Result;

@@ -42,21 +42,20 @@ pub trait Lm {
     }
     /// Like [`Lm::top_k`] (no asked-for columns), then the rows' logits too where `enough` finds
     /// the top-k short of what the caller needs: [`Output::TopK`] or [`Output::Logits`]. The
-    /// logits come from the same forward, not a second one.
+    /// logits come from the same forward, not a second one. Where the rows come to the host
+    /// anyway (this default, and a backend in host memory), the logits alone, which carry
+    /// everything a top-k does.
     fn top_k_or_logits<'a>(
         &'a mut self,
         batch: &'a Batch,
         out_rows: &'a [u32],
         k: usize,
         temperature: f32,
-        enough: &'a dyn Fn(&TopK) -> bool,
+        _enough: &'a dyn Fn(&TopK) -> bool,
     ) -> LocalBoxFuture<'a, Result<Output>> {
         Box::pin(async move {
-            let none = vec![NO_SLOT; out_rows.len()];
-            check_top_k(out_rows.len(), k, temperature, &none)?;
-            let logits = self.logits(batch, out_rows).await?;
-            let top = TopK::of(&logits, self.config().vocab_size, k, temperature, &none);
-            Ok(if enough(&top) { Output::TopK(top) } else { Output::Logits(logits) })
+            check_top_k(out_rows.len(), k, temperature, &vec![NO_SLOT; out_rows.len()])?;
+            Ok(Output::Logits(self.logits(batch, out_rows).await?))
         })
     }
     /// Like [`Lm::logits`], but only a token drawn from each row and its probability at the
@@ -416,8 +415,13 @@ impl<B: Backend> Lm for Runner<B> {
         enough: &'a dyn Fn(&TopK) -> bool,
     ) -> LocalBoxFuture<'a, Result<Output>> {
         Box::pin(async move {
+            let none = vec![NO_SLOT; out_rows.len()];
+            check_top_k(out_rows.len(), k, temperature, &none)?;
             let t = self.run(batch, out_rows)?;
-            let top = self.top_k_of(&t, k, temperature, &vec![NO_SLOT; out_rows.len()]).await?;
+            if self.model.backend.host_memory() {
+                return Ok(Output::Logits(self.logits_of(&t).await?));
+            }
+            let top = self.top_k_of(&t, k, temperature, &none).await?;
             Ok(if enough(&top) { Output::TopK(top) } else { Output::Logits(self.logits_of(&t).await?) })
         })
     }

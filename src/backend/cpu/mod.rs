@@ -101,6 +101,10 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn host_memory(&self) -> bool {
+        true
+    }
+
     fn load_weight(&self, w: &Weight) -> Result<Weight> {
         Ok(w.clone())
     }
