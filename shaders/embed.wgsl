@@ -8,6 +8,8 @@ struct Params {
     rows: u32,
     // What every value is multiplied by (Gemma scales its embeddings by sqrt(d_model)).
     scale: f32,
+    // The part's first row in `wq`.
+    at: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -33,7 +35,7 @@ fn embed(
         return;
     }
     let n = min(4u, p.k - c);
-    let v = wload4_{{DTYPE}}((id - p.row0) * p.k + c, n);
+    let v = wload4_{{DTYPE}}((id - p.row0 + p.at) * p.k + c, n);
     for (var j = 0u; j < n; j++) {
         out[i * p.k + c + j] = v[j] * p.scale;
     }

@@ -16,7 +16,12 @@
 // `Epilogue`): store it; add it to what `out` holds, a residual connection's add in the matmul's
 // pass; or gate it, `out = gated(side, value)` (gate.wgsl), the up projection of a gated
 // feed-forward unit taking its gate projection from `side`. One pass serves two ops, as the
-// separate add and glu kernels would have, to the bit.
+// separate add and glu kernels would have, to the bit. A stored value goes to `out` or, where W
+// is several weights one after the other, to the output of the weight its column belongs to
+// (`store_value`: outs_one.wgsl or outs_three.wgsl).
+//
+// W's rows start `at` rows into `wq` (weights loaded together share a buffer), the bias's values
+// `bias_at` values into `bias`.
 //
 // `matmul_tiled` serves prefill (M > 64) in 32 x 32 output tiles, x and the decoded W staged
 // through workgroup memory 32 values of K at a time; each of the 64 threads accumulates a 4 x 4
@@ -34,6 +39,11 @@ struct Params {
     // The gating epilogue's activation coefficients (gate.wgsl).
     ga: f32,
     gb: f32,
+    at: u32,
+    bias_at: u32,
+    // Where outs_three.wgsl's second and third outputs start.
+    split1: u32,
+    split2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -50,6 +60,8 @@ const UV: u32 = UV_{{UNIT}};
 
 {{X}}
 
+{{OUTS}}
+
 // The epilogues; 0 stores.
 const ADD: u32 = 1u;
 const GATE: u32 = 2u;
@@ -57,7 +69,7 @@ const GATE: u32 = 2u;
 fn store(row: u32, col: u32, s: f32) {
     var v = s;
     if (p.has_bias != 0u) {
-        v += bias[col];
+        v += bias[p.bias_at + col];
     }
     let i = row * p.n + col;
     switch p.epilogue {
@@ -68,7 +80,7 @@ fn store(row: u32, col: u32, s: f32) {
             out[i] = gated(side[i], v, p.ga, p.gb);
         }
         default: {
-            out[i] = v;
+            store_value(row, col, v);
         }
     }
 }
@@ -93,7 +105,7 @@ fn matmul_rows(
         var n: array<Unit, NR>;
         for (var r = 0u; r < NR; r++) {
             // Rows past the part compute on a duplicate of its last row and are never written.
-            n[r] = wunit_{{UNIT}}(min(r0 + r, p.rows - 1u) * p.k, u, p.k);
+            n[r] = wunit_{{UNIT}}((p.at + min(r0 + r, p.rows - 1u)) * p.k, u, p.k);
         }
         for (var v = 0u; v < UV; v++) {
             var w: array<vec4<f32>, NR>;
@@ -160,7 +172,7 @@ fn matmul_tiled(
                     xv = xload4(m0 + lr, k0 + kk);
                 }
                 if (n0 + lr < p.rows) {
-                    wv = wload4_{{DTYPE}}((n0 + lr) * p.k + k0 + kk, p.k - k0 - kk);
+                    wv = wload4_{{DTYPE}}((p.at + n0 + lr) * p.k + k0 + kk, p.k - k0 - kk);
                 }
             }
             for (var c = 0u; c < 4u; c++) {

@@ -518,6 +518,37 @@ fn matmuls_equal_separate_matmuls<B: Backend>(b: &B, _: &Tol) {
     }
     let short_bias = b.load_weight(&Weight::from_f32(1, 3, &[0.0; 3])).unwrap();
     assert!(b.matmuls(&up(b, 1, k, &vec![0.0; k]), [(&ws[0], None), (&ws[1], Some(&short_bias))]).is_err());
+    together_equal_apart(b, k, &mut rng);
+}
+
+/// Weights loaded together ([`Backend::load_together`]: a layer's Q, K and V, which the GPU
+/// stores side by side and runs as one dispatch) give the bits of the same weights loaded apart,
+/// together and alone, with and without their biases (loaded together too), for a decode, a
+/// verification and a prefill (the GPU's tiled kernel). Weights of different types load
+/// together as well (apart, on the GPU).
+fn together_equal_apart<B: Backend>(b: &B, k: usize, rng: &mut TestRng) {
+    for dtypes in [[DType::Q5_0; 3], [DType::Q4K; 3], [DType::Q4K, DType::Q4K, DType::Q6K]] {
+        let host = [40, 8, 16].map(|rows| random_weight(dtypes[0], rows, k, rows as u64 + 5).unwrap());
+        let host = [0, 1, 2].map(|i| if dtypes[i] == dtypes[0] { host[i].clone() } else { random_weight(dtypes[i], 16, k, 9).unwrap() });
+        let host_biases = [40, 8, 16].map(|n| Weight::from_f32(1, n, &rng.vec(n)));
+        let ws = b.load_together(&host.each_ref()).unwrap();
+        let biases = b.load_together(&host_biases.each_ref()).unwrap();
+        let apart = host.each_ref().map(|w| b.load_weight(w).unwrap());
+        let apart_biases = host_biases.each_ref().map(|w| b.load_weight(w).unwrap());
+        for m in [1, 5, 70] {
+            let x = up(b, m, k, &(0..m * k).map(|_| rng.activation()).collect::<Vec<_>>());
+            for with_bias in [false, true] {
+                let bias = |i: usize| with_bias.then(|| &biases[i]);
+                let got = b.matmuls(&x, [(&ws[0], bias(0)), (&ws[1], bias(1)), (&ws[2], bias(2))]).unwrap();
+                for i in 0..3 {
+                    let want = read(b, &b.matmul(&x, &apart[i], with_bias.then(|| &apart_biases[i])).unwrap());
+                    let what = format!("{}: {:?} loaded together, output {i} at m={m}, bias {with_bias}", b.name(), dtypes);
+                    assert!(same_bits(&read(b, &got[i]), &want), "{what}");
+                    assert!(same_bits(&read(b, &b.matmul(&x, &ws[i], bias(i)).unwrap()), &want), "{what}, alone");
+                }
+            }
+        }
+    }
 }
 
 /// A residual connection's projection and a gated unit's input side, which the GPU runs fused
@@ -989,4 +1020,35 @@ fn gpu_weights_larger_than_one_binding_are_split_by_rows() {
         check_matmul(&g, &GPU, &w, None, &[1, 5, 70], 50 + i as u64);
         check_embed(&g, &GPU, &w, &[0, rows as u32 - 1, 17, 17, 33, 1], 1.0);
     }
+}
+
+/// A layer's Q, K and V loaded together are one dispatch on the GPU (outs_three.wgsl), with or
+/// without biases, where three weights loaded apart are three; weights of different types loaded
+/// together stay three.
+#[test]
+fn gpu_runs_weights_loaded_together_in_one_dispatch() {
+    let Some(g) = util::shared_gpu() else { return };
+    let k = 256;
+    let host = [64, 16, 16].map(|rows| random_weight(DType::Q8_0, rows, k, rows as u64).unwrap());
+    let biases = [64, 16, 16].map(|n| Weight::from_f32(1, n, &vec![0.5; n]));
+    let mixed = [DType::Q8_0, DType::Q8_0, DType::Q4_0].map(|d| random_weight(d, 16, k, 3).unwrap());
+    let together = g.load_together(&host.each_ref()).unwrap();
+    let together_biases = g.load_together(&biases.each_ref()).unwrap();
+    // Other weights: the same bytes would be found already on the GPU, loaded together.
+    let apart = [64, 16, 16].map(|rows| g.load_weight(&random_weight(DType::Q8_0, rows, k, rows as u64 + 1).unwrap()).unwrap());
+    let apart_biases = biases.each_ref().map(|w| g.load_weight(w).unwrap());
+    let mixed = g.load_together(&mixed.each_ref()).unwrap();
+    let x = up(g, 1, k, &vec![1.0; k]);
+    let dispatches = |ws: &[saguaro::backend::gpu::Weight], bias: Option<&[saguaro::backend::gpu::Weight]>| {
+        let before = g.dispatches_recorded();
+        let b = |i: usize| bias.map(|b| &b[i]);
+        g.matmuls(&x, [(&ws[0], b(0)), (&ws[1], b(1)), (&ws[2], b(2))]).unwrap();
+        g.dispatches_recorded() - before
+    };
+    assert_eq!(dispatches(&together, None), 1, "loaded together");
+    assert_eq!(dispatches(&together, Some(&together_biases)), 1, "loaded together, biases too");
+    assert_eq!(dispatches(&together, Some(&apart_biases)), 3, "biases loaded apart");
+    assert_eq!(dispatches(&apart, None), 3, "loaded apart");
+    assert_eq!(dispatches(&mixed, None), 3, "different types");
+    assert!(g.kernels_built().iter().any(|k| k.contains("OUTS=@outs_three")), "{:?}", g.kernels_built());
 }

@@ -308,6 +308,12 @@ pub trait Backend {
         false
     }
     fn load_weight(&self, w: &Weight) -> Result<Self::Weight>;
+    /// [`Backend::load_weight`] of weights that are multiplied by the same input (a layer's Q, K
+    /// and V, or their biases), so that the backend may store them together and run them as one
+    /// [`Backend::matmuls`]: the GPU does, in one dispatch.
+    fn load_together(&self, ws: &[&Weight]) -> Result<Vec<Self::Weight>> {
+        ws.iter().map(|w| self.load_weight(w)).collect()
+    }
     fn new_cache(&self, n_layers: usize, capacity: usize, kv_dim: usize) -> Result<Self::Cache>;
     /// A `[rows, cols]` tensor holding `data`.
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Tensor>;

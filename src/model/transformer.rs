@@ -1,11 +1,14 @@
 //! The decoder-only transformer forward of every family, written once over [`Backend`]; what
 //! differs between families comes from the config's [`crate::model::arch::Family`].
 
+use std::collections::HashMap;
+
 use crate::backend::{Backend, Batch, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::load::Tensor;
 use crate::model::weights::ModelWeights;
+use crate::storage::Weight;
 
 pub struct Transformer<B: Backend> {
     pub config: ModelConfig,
@@ -15,10 +18,32 @@ pub struct Transformer<B: Backend> {
     rope_factors: Option<Vec<f32>>,
 }
 
+/// `w` on `backend`, each layer's Q, K and V projections (and their biases) loaded together, so
+/// that the backend may run them as one matmul ([`Backend::load_together`]).
+fn load<B: Backend>(backend: &B, w: &ModelWeights) -> Result<ModelWeights<B::Weight>> {
+    // By address: the weights loaded together are found again as `try_map` walks the model.
+    let mut together: HashMap<*const Weight, B::Weight> = HashMap::new();
+    for l in &w.layers {
+        let mut groups = vec![[&l.wq, &l.wk, &l.wv]];
+        if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
+            groups.push([bq, bk, bv]);
+        }
+        for group in groups {
+            for (host, loaded) in group.iter().zip(backend.load_together(&group)?) {
+                together.insert(*host as *const Weight, loaded);
+            }
+        }
+    }
+    w.try_map(|x| match together.remove(&(x as *const Weight)) {
+        Some(loaded) => Ok(loaded),
+        None => backend.load_weight(x),
+    })
+}
+
 impl<B: Backend> Transformer<B> {
     pub fn new(backend: B, w: &ModelWeights) -> Result<Self> {
         check_head(w)?;
-        let weights = w.try_map(|x| backend.load_weight(x))?;
+        let weights = load(&backend, w)?;
         Ok(Self::from_loaded(backend, weights))
     }
 

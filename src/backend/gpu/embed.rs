@@ -23,7 +23,7 @@ impl GpuBackend {
             let (wbuf, wbytes) = part.bind();
             self.dispatch(
                 &kernel,
-                &[m as u32, k as u32, part.row0, part.rows, f(scale)],
+                &[m as u32, k as u32, part.row0, part.rows, f(scale), part.at],
                 &[(1, &ids_buf, ids_buf.size()), (2, wbuf, wbytes), out.bind(3)],
                 groups(m * k.div_ceil(4), 64)?,
             )?;

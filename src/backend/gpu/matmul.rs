@@ -2,7 +2,9 @@
 //! (verification, tree steps) decode each weight value once for up to 8 activation rows; larger M
 //! (prefill) uses the tiled kernel. A weight split into parts is one dispatch per part, each
 //! writing its own columns of the output. The pass can also add its output to a residual or gate
-//! it by another tensor (`Epilogue`), sparing the separate kernel and its dispatch.
+//! it by another tensor (`Epilogue`), sparing the separate kernel and its dispatch; and a layer's
+//! Q, K and V, loaded together into one buffer, run as one weight whose columns go to three
+//! outputs (`matmul_together`).
 
 use crate::backend::Activation;
 use crate::error::{Error, Result};
@@ -10,6 +12,9 @@ use crate::storage::quant::DType;
 
 use super::encoder::f;
 use super::pipelines::MATMUL;
+use std::sync::Arc;
+
+use super::weights::{Part, Parts};
 use super::{groups, shape_check, GpuBackend, Tensor, Weight};
 
 /// Activation rows up to which the split-K kernel beats the tiled one.
@@ -85,7 +90,39 @@ impl GpuBackend {
 
     /// `x @ w^T (+ bias)` into `out` (`[x.rows, w.rows]`), as `epilogue` says.
     pub(super) fn matmul_into(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>, out: &Tensor, epilogue: Epilogue) -> Result<()> {
-        shape_check(w.cols() == x.cols && out.rows == x.rows && out.cols == w.rows(), "matmul")?;
+        self.record_matmul(x, w, bias, &[out], epilogue)
+    }
+
+    /// [`GpuBackend::matmul`] of `x` by three weights in one dispatch, where they were loaded
+    /// together ([`GpuBackend::upload_together`]), their biases too or none of them: `None`
+    /// where they were not.
+    pub(super) fn matmul_together(&self, x: &Tensor, ws: [(&Weight, Option<&Weight>); 3]) -> Result<Option<[Tensor; 3]>> {
+        let Some(w) = side_by_side(ws.map(|(w, _)| w)) else { return Ok(None) };
+        let bias = match ws.map(|(_, b)| b) {
+            [None, None, None] => None,
+            [Some(a), Some(b), Some(c)] => match side_by_side([a, b, c]) {
+                Some(bias) => Some(bias),
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        let outs = ws.map(|(w, _)| self.tensor(x.rows, w.rows()));
+        let [a, b, c] = outs;
+        let outs = [a?, b?, c?];
+        self.record_matmul(x, &w, bias.as_ref(), &[&outs[0], &outs[1], &outs[2]], Epilogue::Store)?;
+        Ok(Some(outs))
+    }
+
+    /// `x @ w^T (+ bias)` into `outs`: one tensor `[x.rows, w.rows]`, as `epilogue` says, or where
+    /// `w` is three weights one after the other, stored in three (outs_three.wgsl).
+    fn record_matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>, outs: &[&Tensor], epilogue: Epilogue) -> Result<()> {
+        let out = outs[0];
+        let widths: Vec<usize> = outs.iter().map(|o| o.cols).collect();
+        shape_check(
+            w.cols() == x.cols && outs.iter().all(|o| o.rows == x.rows) && widths.iter().sum::<usize>() == w.rows(),
+            "matmul",
+        )?;
+        debug_assert!(outs.len() == 1 || (outs.len() == 3 && matches!(epilogue, Epilogue::Store)));
         let (m, n, k) = (x.rows, w.rows(), w.cols());
         let bias = bias.map(|b| b.vector(n, "matmul bias")).transpose()?;
         // The codes matmul.wgsl's `store` switches on.
@@ -113,13 +150,16 @@ impl GpuBackend {
                 ("WG", &wg_s),
                 ("SUMS", self.sums()),
                 ("X", if k % 4 == 0 { "@x_vec4" } else { "@x_scalar" }),
+                ("OUTS", if outs.len() == 3 { "@outs_three" } else { "@outs_one" }),
             ],
         )?;
         // Without a bias the kernel never reads binding 3; x stands in for it.
-        let (bias_buf, bias_bytes) = match bias {
-            Some(b) => (b, b.size()),
-            None => (x.buf.buffer(), x.bytes()),
+        let (bias_buf, bias_bytes, bias_at) = match bias {
+            Some((b, at)) => (b, b.size(), at),
+            None => (x.buf.buffer(), x.bytes(), 0),
         };
+        let split1 = widths[0] as u32;
+        let split2 = split1 + widths.get(1).copied().unwrap_or(0) as u32;
         for part in &w.0.parts {
             let rows = part.rows as usize;
             let wgs = if tiled {
@@ -128,16 +168,41 @@ impl GpuBackend {
                 groups(rows, nr)? * groups(m, mt)?
             };
             let (wbuf, wbytes) = part.bind();
-            self.dispatch(
-                &kernel,
-                &[m as u32, n as u32, k as u32, part.row0, part.rows, bias.is_some() as u32, code, f(ga), f(gb)],
-                // Where the epilogue takes no side input, x stands in for it, as for a bias.
-                &[x.bind(1), (2, wbuf, wbytes), (3, bias_buf, bias_bytes), out.bind(4), side.bind(5)],
-                wgs,
-            )?;
+            let params = [m as u32, n as u32, k as u32, part.row0, part.rows, bias.is_some() as u32, code, f(ga), f(gb)];
+            let params = [&params[..], &[part.at, bias_at, split1, split2]].concat();
+            // Where the epilogue takes no side input, x stands in for it, as for a bias.
+            let mut binds = vec![x.bind(1), (2, wbuf, wbytes), (3, bias_buf, bias_bytes), out.bind(4), side.bind(5)];
+            if let [_, second, third] = outs {
+                binds.extend([second.bind(6), third.bind(7)]);
+            }
+            self.dispatch(&kernel, &params, &binds, wgs)?;
         }
         Ok(())
     }
+}
+
+/// The one weight that `ws` make where they lie one after the other in one buffer (as
+/// [`GpuBackend::upload_together`] stores them), each whole in one part.
+fn side_by_side(ws: [&Weight; 3]) -> Option<Weight> {
+    let parts: Vec<&Part> = ws
+        .iter()
+        .map(|w| match &w.0.parts[..] {
+            [p] => Some(p),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let vectors = ws[0].dtype() == DType::F32 && ws.iter().all(|w| w.rows() == 1 || w.cols() == 1);
+    // Where each starts in the buffer: rows of a matrix, values of a vector.
+    let len = |w: &Weight| if vectors { w.rows() * w.cols() } else { w.rows() } as u32;
+    let adjacent = (0..2).all(|i| parts[i + 1].buf == parts[i].buf && parts[i + 1].at == parts[i].at + len(ws[i]));
+    let alike = ws.iter().all(|w| w.dtype() == ws[0].dtype() && (vectors || w.cols() == ws[0].cols()));
+    if !(adjacent && alike) {
+        return None;
+    }
+    let total: usize = ws.iter().map(|w| len(w) as usize).sum();
+    let (rows, cols) = if vectors { (1, total) } else { (total, ws[0].cols()) };
+    let part = Part { buf: parts[0].buf.clone(), row0: 0, rows: rows as u32, at: parts[0].at };
+    Some(Weight(Arc::new(Parts { dtype: ws[0].dtype(), rows, cols, parts: vec![part] })))
 }
 
 #[cfg(test)]

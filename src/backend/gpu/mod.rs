@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{Activation, AttnShape, Backend, Batch, Draw, Drawn, KvCache, Rope, TopK};
+use crate::backend::{all_ok, Activation, AttnShape, Backend, Batch, Draw, Drawn, KvCache, Rope, TopK};
 use crate::error::{Error, Result};
 use crate::storage::Weight as HostWeight;
 
@@ -234,6 +234,10 @@ impl Backend for GpuBackend {
         self.upload_weight(w)
     }
 
+    fn load_together(&self, ws: &[&HostWeight]) -> Result<Vec<Weight>> {
+        self.upload_together(ws)
+    }
+
     fn new_cache(&self, n_layers: usize, capacity: usize, kv_dim: usize) -> Result<Cache> {
         let kind = self.kv_cache;
         let bytes = (capacity.max(1) * kind.stride(kv_dim) * kind.bytes()) as u64;
@@ -271,6 +275,18 @@ impl Backend for GpuBackend {
 
     fn matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>) -> Result<Tensor> {
         self.matmul_weight(x, w, bias)
+    }
+
+    /// Three weights loaded together ([`Backend::load_together`]) in one dispatch.
+    fn matmuls<const N: usize>(&self, x: &Tensor, ws: [(&Weight, Option<&Weight>); N]) -> Result<[Tensor; N]> {
+        if let Ok(three) = <[(&Weight, Option<&Weight>); 3]>::try_from(&ws[..]) {
+            if let Some(outs) = self.matmul_together(x, three)? {
+                if let Ok(outs) = <[Tensor; N]>::try_from(Vec::from(outs)) {
+                    return Ok(outs);
+                }
+            }
+        }
+        all_ok(ws.map(|(w, bias)| self.matmul(x, w, bias)))
     }
 
     fn matmul_add(&self, x: &Tensor, w: &Weight, into: &mut Tensor) -> Result<()> {

@@ -11,7 +11,9 @@ impl GpuBackend {
     pub(super) fn rms_norm_rows(&self, x: &Tensor, w: &Weight, eps: f32) -> Result<Tensor> {
         let n = w.rows() * w.cols();
         shape_check(n > 0 && x.cols.is_multiple_of(n), "rms_norm")?;
-        let wbuf = w.vector(n, "rms_norm")?;
+        let (wbuf, at) = w.vector(n, "rms_norm")?;
+        // Only projections and their biases are loaded together (Transformer::new).
+        shape_check(at == 0, "rms_norm of a weight loaded together with others")?;
         let out = self.tensor(x.rows, x.cols)?;
         let kernel = self.kernel(&NORM, "rms_norm", &[])?;
         let rows = x.rows * (x.cols / n);

@@ -1,6 +1,8 @@
 //! Weights on the GPU: the raw ggml bytes, decoded by the kernels that read them. A matrix larger
 //! than one storage binding (a large vocabulary's output head) is split by rows into parts, each
-//! its own buffer, and every op over it runs once per part.
+//! its own buffer, and every op over it runs once per part. Weights loaded together (a layer's Q,
+//! K and V, and their biases) share one buffer, one after the other, so that one dispatch can
+//! take them all.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -23,11 +25,14 @@ pub(super) struct Parts {
     pub parts: Vec<Part>,
 }
 
-/// Rows `row0..row0 + rows` of a weight.
+/// Rows `row0..row0 + rows` of a weight, stored from row `at` of `buf` on (0 unless the buffer
+/// holds weights loaded together, one after the other: see [`GpuBackend::upload_together`]). A
+/// vector's `at` counts values.
 pub(super) struct Part {
     pub buf: wgpu::Buffer,
     pub row0: u32,
     pub rows: u32,
+    pub at: u32,
 }
 
 impl Part {
@@ -51,10 +56,11 @@ impl Weight {
         self.0.parts.len()
     }
 
-    /// The values of a vector (norm weights and biases are stored as one f32 part).
-    pub(super) fn vector(&self, len: usize, what: &str) -> Result<&wgpu::Buffer> {
+    /// The buffer holding a vector's values (norm weights and biases are stored as one f32
+    /// part), and where in it they start.
+    pub(super) fn vector(&self, len: usize, what: &str) -> Result<(&wgpu::Buffer, u32)> {
         match &self.0.parts[..] {
-            [p] if self.0.dtype == DType::F32 && self.0.rows * self.0.cols == len => Ok(&p.buf),
+            [p] if self.0.dtype == DType::F32 && self.0.rows * self.0.cols == len => Ok((&p.buf, p.at)),
             _ => Err(Error::InvalidArgument(format!(
                 "{what} needs a vector of {len} values, got a {}x{} {:?} weight",
                 self.0.rows, self.0.cols, self.0.dtype
@@ -102,7 +108,7 @@ impl GpuBackend {
             let v = w.to_f32();
             let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
             let buf = upload(&self.device, &bytes, bytes.len().max(4) as u64, wgpu::BufferUsages::STORAGE, "weight")?;
-            let part = Part { buf, row0: 0, rows: w.rows as u32 };
+            let part = Part { buf, row0: 0, rows: w.rows as u32, at: 0 };
             return Ok(Weight(Arc::new(Parts { dtype: DType::F32, rows: w.rows, cols: w.cols, parts: vec![part] })));
         }
         let key = WeightKey::of(w);
@@ -114,6 +120,51 @@ impl GpuBackend {
         let parts = Arc::new(self.split_upload(w)?);
         cache.insert(key, Arc::downgrade(&parts));
         Ok(Weight(parts))
+    }
+
+    /// `ws` in one buffer, one after the other, where they are all matrices of one storage type
+    /// and width that fit one part, or all vectors: a layer's Q, K and V projections (or their
+    /// biases), which [`GpuBackend::matmul_together`] then runs as one dispatch. Else (or where
+    /// one of them is already on the GPU) each is uploaded as [`GpuBackend::upload_weight`] does.
+    pub(super) fn upload_together(&self, ws: &[&HostWeight]) -> Result<Vec<Weight>> {
+        let vector = |w: &HostWeight| w.rows == 1 || w.cols == 1;
+        let Some(first) = ws.first() else { return Ok(Vec::new()) };
+        let vectors = ws.iter().all(|w| vector(w));
+        let bytes: u64 = ws.iter().map(|w| if vectors { 4 * w.rows * w.cols } else { w.data.as_slice().len() } as u64).sum();
+        let matrices = ws.iter().all(|w| !vector(w) && w.dtype == first.dtype && w.cols == first.cols)
+            && bytes + 8 <= self.max_weight_part
+            && ws.iter().map(|w| w.rows).sum::<usize>() <= (u32::MAX as usize - 4) / first.cols;
+        let cached = {
+            let cache = self.weights.lock().unwrap();
+            ws.iter().any(|w| !vector(w) && cache.get(&WeightKey::of(w)).is_some_and(|p| p.strong_count() > 0))
+        };
+        if ws.len() < 2 || !(vectors || matrices) || cached {
+            return ws.iter().map(|w| self.upload_weight(w)).collect();
+        }
+        let data: Vec<u8> = match vectors {
+            true => ws.iter().flat_map(|w| w.to_f32()).flat_map(|x| x.to_le_bytes()).collect(),
+            false => ws.iter().flat_map(|w| w.data.as_slice().iter().copied()).collect(),
+        };
+        let buf = match vectors {
+            true => upload(&self.device, &data, data.len() as u64, wgpu::BufferUsages::STORAGE, "weights")?,
+            // One spare word, as for any part.
+            false => upload_weight(&self.device, &self.queue, &data, (data.len() as u64).div_ceil(4) * 4 + 4)?,
+        };
+        let mut at = 0;
+        let mut cache = self.weights.lock().unwrap();
+        Ok(ws
+            .iter()
+            .map(|w| {
+                let part = Part { buf: buf.clone(), row0: 0, rows: w.rows as u32, at };
+                at += if vectors { w.rows * w.cols } else { w.rows } as u32;
+                let dtype = if vectors { DType::F32 } else { w.dtype };
+                let parts = Arc::new(Parts { dtype, rows: w.rows, cols: w.cols, parts: vec![part] });
+                if !vectors {
+                    cache.insert(WeightKey::of(w), Arc::downgrade(&parts));
+                }
+                Weight(parts)
+            })
+            .collect())
     }
 
     fn split_upload(&self, w: &HostWeight) -> Result<Parts> {
@@ -137,7 +188,7 @@ impl GpuBackend {
                 let bytes = &data[row0 * row_bytes as usize..(row0 + rows) * row_bytes as usize];
                 let size = (bytes.len() as u64).div_ceil(4) * 4 + 4;
                 let buf = upload_weight(&self.device, &self.queue, bytes, size)?;
-                Ok(Part { buf, row0: row0 as u32, rows: rows as u32 })
+                Ok(Part { buf, row0: row0 as u32, rows: rows as u32, at: 0 })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Parts { dtype: w.dtype, rows: w.rows, cols: w.cols, parts })
