@@ -15,7 +15,7 @@ use saguaro::decode::{generate_ar, generate_sd, generate_ssd, Backup, DraftWorke
 use saguaro::model::runner::{Lm, Runner};
 use saguaro::model::transformer::Transformer;
 use saguaro::sampling::SamplingParams;
-use common::distribution::{assert_unbiased, seeded, tiny, Counts, Exact, K, SEQ, TINY_CAPACITY, VOCAB};
+use common::distribution::{assert_unbiased, seeded, tiny, top4_sampling, Counts, Exact, K, SEQ, TINY_CAPACITY, VOCAB};
 use util::*;
 
 /// The GPU computes in f32 throughout (weights decoded exactly, activations never quantized).
@@ -203,14 +203,18 @@ fn sampled_rounds_read_back_no_rows_from_the_gpu() {
     }
 }
 
-/// A nucleus without a top-k, sampled with the target on the GPU, which sends each row's largest
-/// logits and log-sum-exp (`Backend::top_k`): AR and SD output has the target's exact
-/// distribution (tests/common/distribution.rs). At this temperature the tiny model's nucleus
-/// reaches its least likely token in most rows, so those rows come whole and the rest are told
-/// from the top-k; the test requires both. Half the samples of the CPU tests (lavapipe runs a
-/// tiny forward far slower than the CPU): a bias of 3% of the mass stands out.
+/// Sampling that reads each row's top-k from the target on the GPU (`Backend::top_k`: the
+/// largest logits and the log-sum-exp) has the target's exact distribution
+/// (tests/common/distribution.rs), where a CPU target hands its rows over whole:
+/// - a nucleus without a top-k, AR and SD. At this temperature the tiny model's nucleus reaches
+///   its least likely token in most rows, so those rows come whole and the rest are told from the
+///   top-k; the test requires both;
+/// - a top-k of 4, SD.
+///
+/// Half the samples of the CPU tests (lavapipe runs a tiny forward far slower than the CPU): a
+/// bias of 3% of the mass stands out.
 #[test]
-fn a_nucleus_sampled_on_the_gpu_has_the_targets_distribution() {
+fn sampling_from_the_gpus_top_k_has_the_targets_distribution() {
     if !gpu_available() {
         return;
     }
@@ -240,4 +244,9 @@ fn a_nucleus_sampled_on_the_gpu_has_the_targets_distribution() {
         block_on(generate_sd(&mut target, &mut draft, &seeded(params, seed), &spec, &mut |_| true)).unwrap().tokens
     });
     assert_unbiased("gpu sd top-p", &counts, &exact);
+    let params = top4_sampling();
+    let counts = Counts::of(SAMPLES, |seed| {
+        block_on(generate_sd(&mut target, &mut draft, &seeded(params, seed), &spec, &mut |_| true)).unwrap().tokens
+    });
+    assert_unbiased("gpu sd top-4", &counts, &Exact::of(&tiny().target, &params));
 }

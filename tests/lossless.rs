@@ -253,10 +253,10 @@ fn truncated_sampling() -> SamplingParams {
 /// sequences with uniform:2 at C = 1, 2,976 with top-p:0.9, 21,139 with geometric at C = 0.5).
 const MULTI_TOKEN_HITS_PER: u64 = 20;
 
-/// A nucleus without a top-k: the target's backend sends each row's largest logits, which tell
-/// the nucleus unless it reaches the least of them; then the rows come whole. Over 16 tokens at
-/// this temperature the nucleus reaches every token in most rows (about 4 in 5 of AR's), so
-/// both paths run.
+/// A nucleus without a top-k, wide at this temperature (over 16 tokens it reaches every token in
+/// most rows). The CPU target hands its rows over whole (`Backend::host_memory`); a GPU target's
+/// largest logits tell the nucleus where it stops short of the least of them, which
+/// tests/gpu_models.rs checks against the same exact distribution.
 fn nucleus_sampling() -> SamplingParams {
     SamplingParams { temperature: 2.0, top_k: 0, top_p: 0.99, seed: 0 }
 }
