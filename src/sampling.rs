@@ -206,11 +206,29 @@ pub fn probs_among(ids: &[u32], values: &[f32], vocab: usize, p: &SamplingParams
 /// [`probs`] of a nucleus without a top-k (`p.top_k` 0, `p.top_p` < 1) from a row's largest
 /// logits alone: `ids` with their logits `values`, ordered as [`top_n`] orders them, and `lse`,
 /// the whole row's [`log_sum_exp`] at the temperature, which gives the mass of the tokens left
-/// out. `None` where they cannot tell: where the nucleus reaches the smallest weight among them
-/// (a token left out may weigh as much), or the row has no finite largest logit. Elsewhere the
-/// same nucleus as [`probs`] over the whole row, whose total weight it takes from `lse`.
+/// out. `None` where they cannot tell ([`nucleus_told`]). Elsewhere the same nucleus as [`probs`]
+/// over the whole row, whose total weight it takes from `lse`.
 pub fn nucleus_among(ids: &[u32], values: &[f32], lse: f32, vocab: usize, p: &SamplingParams) -> Option<Vec<f32>> {
+    let cand = nucleus_keys(ids, values, lse, vocab, p)?;
+    let mut out = vec![0.0f32; vocab];
+    write_normalised(&mut out, &cand);
+    Some(out)
+}
+
+/// Whether [`nucleus_among`] can tell the nucleus from these logits: not where the nucleus reaches
+/// the smallest weight among them (a token left out may weigh as much), or the row has no finite
+/// largest logit.
+pub fn nucleus_told(ids: &[u32], values: &[f32], lse: f32, vocab: usize, p: &SamplingParams) -> bool {
+    nucleus_keys(ids, values, lse, vocab, p).is_some()
+}
+
+/// The `rank_key`s of [`nucleus_among`]'s nucleus, where the logits tell it and name tokens of a
+/// `vocab`-token vocabulary.
+fn nucleus_keys(ids: &[u32], values: &[f32], lse: f32, vocab: usize, p: &SamplingParams) -> Option<Vec<u64>> {
     debug_assert_eq!(ids.len(), values.len());
+    if ids.iter().any(|&i| i as usize >= vocab) {
+        return None;
+    }
     let max = *values.first()?;
     let inv_t = 1.0 / p.temperature;
     if !(max.is_finite() && lse.is_finite() && p.temperature > 0.0 && inv_t.is_finite()) {
@@ -230,12 +248,7 @@ pub fn nucleus_among(ids: &[u32], values: &[f32], lse: f32, vocab: usize, p: &Sa
     }
     let mut cand: Vec<u64> = ids.iter().zip(&weights).map(|(&i, &w)| rank_key(w, i)).collect();
     nucleus(&mut cand, p.top_p, total);
-    let mut out = vec![0.0f32; vocab];
-    if cand.iter().any(|&k| key_index(k) as usize >= vocab) {
-        return None;
-    }
-    write_normalised(&mut out, &cand);
-    Some(out)
+    Some(cand)
 }
 
 /// The distribution sampling actually draws from: softmax(logits / T) restricted to the top-k

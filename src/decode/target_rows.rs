@@ -53,7 +53,7 @@ fn tells(top: &TopK, vocab: usize, params: &SamplingParams) -> bool {
     !nucleus_only(params)
         || (0..top.rows()).all(|r| {
             let (ids, values) = top.row(r);
-            sampling::nucleus_among(ids, values, top.lse[r], vocab, params).is_some()
+            sampling::nucleus_told(ids, values, top.lse[r], vocab, params)
         })
 }
 

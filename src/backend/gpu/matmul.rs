@@ -6,14 +6,14 @@
 //! Q, K and V, loaded together into one buffer, run as one weight whose columns go to three
 //! outputs (`matmul_together`).
 
-use crate::backend::Activation;
+use std::sync::Arc;
+
+use crate::backend::{all_ok, Activation};
 use crate::error::{Error, Result};
 use crate::storage::quant::DType;
 
 use super::encoder::f;
 use super::pipelines::MATMUL;
-use std::sync::Arc;
-
 use super::weights::{Part, Parts};
 use super::{groups, shape_check, GpuBackend, Tensor, Weight};
 
@@ -106,9 +106,7 @@ impl GpuBackend {
             },
             _ => return Ok(None),
         };
-        let outs = ws.map(|(w, _)| self.tensor(x.rows, w.rows()));
-        let [a, b, c] = outs;
-        let outs = [a?, b?, c?];
+        let outs = all_ok(ws.map(|(w, _)| self.tensor(x.rows, w.rows())))?;
         self.record_matmul(x, &w, bias.as_ref(), &[&outs[0], &outs[1], &outs[2]], Epilogue::Store)?;
         Ok(Some(outs))
     }
@@ -168,8 +166,10 @@ impl GpuBackend {
                 groups(rows, nr)? * groups(m, mt)?
             };
             let (wbuf, wbytes) = part.bind();
-            let params = [m as u32, n as u32, k as u32, part.row0, part.rows, bias.is_some() as u32, code, f(ga), f(gb)];
-            let params = [&params[..], &[part.at, bias_at, split1, split2]].concat();
+            let params = [
+                m as u32, n as u32, k as u32, part.row0, part.rows, bias.is_some() as u32, code, f(ga), f(gb),
+                part.at, bias_at, split1, split2,
+            ];
             // Where the epilogue takes no side input, x stands in for it, as for a bias.
             let mut binds = vec![x.bind(1), (2, wbuf, wbytes), (3, bias_buf, bias_bytes), out.bind(4), side.bind(5)];
             if let [_, second, third] = outs {

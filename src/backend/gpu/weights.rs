@@ -134,9 +134,11 @@ impl GpuBackend {
         let matrices = ws.iter().all(|w| !vector(w) && w.dtype == first.dtype && w.cols == first.cols)
             && bytes + 8 <= self.max_weight_part
             && ws.iter().map(|w| w.rows).sum::<usize>() <= (u32::MAX as usize - 4) / first.cols;
+        // Matrices are found again by their bytes (vectors are never cached): checksummed once here.
+        let keys: Vec<WeightKey> = if matrices { ws.iter().map(|w| WeightKey::of(w)).collect() } else { Vec::new() };
         let cached = {
             let cache = self.weights.lock().unwrap();
-            ws.iter().any(|w| !vector(w) && cache.get(&WeightKey::of(w)).is_some_and(|p| p.strong_count() > 0))
+            keys.iter().any(|k| cache.get(k).is_some_and(|p| p.strong_count() > 0))
         };
         if ws.len() < 2 || !(vectors || matrices) || cached {
             return ws.iter().map(|w| self.upload_weight(w)).collect();
@@ -154,13 +156,14 @@ impl GpuBackend {
         let mut cache = self.weights.lock().unwrap();
         Ok(ws
             .iter()
-            .map(|w| {
+            .enumerate()
+            .map(|(i, w)| {
                 let part = Part { buf: buf.clone(), row0: 0, rows: w.rows as u32, at };
                 at += if vectors { w.rows * w.cols } else { w.rows } as u32;
                 let dtype = if vectors { DType::F32 } else { w.dtype };
                 let parts = Arc::new(Parts { dtype, rows: w.rows, cols: w.cols, parts: vec![part] });
-                if !vectors {
-                    cache.insert(WeightKey::of(w), Arc::downgrade(&parts));
+                if let Some(&key) = keys.get(i) {
+                    cache.insert(key, Arc::downgrade(&parts));
                 }
                 Weight(parts)
             })
