@@ -23,6 +23,11 @@
 // W's rows start `at` rows into `wq` (weights loaded together share a buffer), the bias's values
 // `bias_at` values into `bias`.
 //
+// Where PAIRED, W is a gated unit's gate and up projections one after the other (`split1` rows
+// each, as loaded together) and `matmul_rows` writes `gated(gate, up)` for each of the `rows`
+// outputs: a workgroup takes NR / 2 rows of each, whose sums are the separate projections' to
+// the bit, so the one pass gives what the gate's pass and the up projection's gating pass give.
+//
 // `matmul_tiled` serves prefill (M > 64) in 32 x 32 output tiles, x and the decoded W staged
 // through workgroup memory 32 values of K at a time; each of the 64 threads accumulates a 4 x 4
 // block of the tile, decoding W four values at a time (`wload4_{{DTYPE}}`). It does not use NR
@@ -57,6 +62,13 @@ const NR: u32 = {{NR}}u;
 const MT: u32 = {{MT}}u;
 // Vectors of four values a thread takes of a weight row at a time.
 const UV: u32 = UV_{{UNIT}};
+const PAIRED: bool = {{PAIRED}};
+// Outputs per workgroup: NR, or NR / 2 gate rows and as many up rows where PAIRED.
+const OUT_ROWS: u32 = select(NR, NR / 2u, PAIRED);
+// workgroup_sums leaves accumulators j, j + SPAN, ... (j < SPAN: one output's GROUPS sums) with
+// the same thread.
+const GROUPS: u32 = select(1u, 2u, PAIRED);
+const SPAN: u32 = OUT_ROWS * MT;
 
 {{X}}
 
@@ -92,8 +104,8 @@ fn matmul_rows(
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     let g = wid.x + wid.y * nwg.x;
-    let row_groups = (p.rows + NR - 1u) / NR;
-    let r0 = (g % row_groups) * NR;
+    let row_groups = (p.rows + OUT_ROWS - 1u) / OUT_ROWS;
+    let r0 = (g % row_groups) * OUT_ROWS;
     let m0 = (g / row_groups) * MT;
     if (m0 >= p.m) {
         return;
@@ -105,7 +117,8 @@ fn matmul_rows(
         var n: array<Unit, NR>;
         for (var r = 0u; r < NR; r++) {
             // Rows past the part compute on a duplicate of its last row and are never written.
-            n[r] = wunit_{{UNIT}}((p.at + min(r0 + r, p.rows - 1u)) * p.k, u, p.k);
+            let row = min(r0 + r % OUT_ROWS, p.rows - 1u) + r / OUT_ROWS * p.split1;
+            n[r] = wunit_{{UNIT}}((p.at + row) * p.k, u, p.k);
         }
         for (var v = 0u; v < UV; v++) {
             var w: array<vec4<f32>, NR>;
@@ -124,11 +137,15 @@ fn matmul_rows(
         }
     }
     workgroup_sums(t, &acc);
-    for (var j = t; j < NR * MT; j += WG) {
+    for (var j = t; j < SPAN; j += WG) {
         let r = r0 + j / MT;
         let row = m0 + j % MT;
         if (r < p.rows && row < p.m) {
-            store(row, p.row0 + r, acc[j]);
+            if (PAIRED) {
+                out[row * p.n + p.row0 + r] = gated(acc[j], acc[j + SPAN], p.ga, p.gb);
+            } else {
+                store(row, p.row0 + r, acc[j]);
+            }
         }
     }
 }

@@ -118,11 +118,12 @@ mod gpu_widths {
             })*
         };
     }
-    matmul_suite!(matmul, matmul_bias_and_long_rows, matmuls_equal_separate_matmuls);
+    matmul_suite!(matmul, matmul_bias_and_long_rows, matmuls_equal_separate_matmuls, fused_projections_equal_separate_ops);
 }
 
 /// Each reduction path the adapter offers ran: the shared GPU takes subgroups wherever the adapter
-/// has them, and a matmul on it and on the plain GPU builds the kernel of each path. The decode
+/// has them at one fixed size (where the size varies, a pipeline's could differ from another's,
+/// and with it the bits of their sums), and a matmul on it and on the plain GPU builds the kernel of each path. The decode
 /// matmul's workgroup is one subgroup where the adapter computes on the CPU and reports a fixed
 /// subgroup size (lavapipe), with or without subgroup reductions; 4 threads on a CPU adapter that
 /// reports none; 64 threads on a GPU.
@@ -132,9 +133,13 @@ fn gpu_reduction_paths_ran() {
     let offered = block_on(saguaro::backend::gpu::list_adapters())
         .iter()
         .any(|a| a.info.name == g.adapter_info().name && a.features.contains(wgpu::Features::SUBGROUP));
-    assert_eq!(g.subgroups(), offered, "the GPU uses subgroups exactly where its adapter offers them");
     let info = g.adapter_info();
     let lanes = (info.subgroup_min_size == info.subgroup_max_size).then_some(info.subgroup_min_size);
+    assert_eq!(
+        g.subgroups(),
+        offered && lanes.is_some_and(|n| n > 0),
+        "the GPU uses subgroups exactly where its adapter offers them at one size"
+    );
     let width = match lanes {
         _ if info.device_type != wgpu::DeviceType::Cpu => 64,
         Some(n @ 1..=64) => n,
@@ -196,6 +201,15 @@ fn gpu_fused_ops_are_one_pass() {
     let before = g.dispatches_recorded();
     read(g, &g.gated_matmul(&x, &w1, &w2, Activation::Silu).unwrap());
     assert_eq!(g.dispatches_recorded() - before, 2, "gated_matmul");
+    // Loaded together: one pass, but two for a prefill's tiled kernel.
+    let [w1, w2] = <[_; 2]>::try_from(g.load_together(&[3, 4].map(|s| random_weight(DType::Q8_0, 16, k, s).unwrap()).each_ref()).unwrap()).ok().unwrap();
+    for (m, passes) in [(2, 1), (64, 1), (65, 2)] {
+        let x = up(g, m, k, &TestRng::new(9).vec(m * k));
+        let before = g.dispatches_recorded();
+        read(g, &g.gated_matmul(&x, &w1, &w2, Activation::Silu).unwrap());
+        assert_eq!(g.dispatches_recorded() - before, passes, "gated_matmul loaded together at m={m}");
+    }
+    assert!(g.kernels_built().iter().any(|k| k.contains("PAIRED=true")), "{:?}", g.kernels_built());
     let (mut q, mut k) = (up(g, 2, 128, &[1.0; 256]), up(g, 2, 64, &[1.0; 128]));
     let before = g.dispatches_recorded();
     g.rope_pair(&mut q, &mut k, &[3, 4], &Rope::plain(64, 1e4)).unwrap();
@@ -553,12 +567,19 @@ fn together_equal_apart<B: Backend>(b: &B, k: usize, rng: &mut TestRng) {
 
 /// A residual connection's projection and a gated unit's input side, which the GPU runs fused
 /// into the matmul's pass: the same bits as the separate ops, for a decode, a verification and a
-/// prefill (the GPU's tiled kernel), for each activation.
+/// prefill (the GPU's tiled kernel), for each activation; and with the gate and up projections
+/// loaded together, which the GPU runs as one pass up to its tiled kernel's batches (of each
+/// weight type that kernel decodes in its own units).
 fn fused_projections_equal_separate_ops<B: Backend>(b: &B, _: &Tol) {
     let k = 512;
     let mut rng = TestRng::new(71);
     let [gate, upw, down] = [(DType::Q4K, 40), (DType::Q6K, 40), (DType::Q8_0, 24)]
         .map(|(dtype, rows)| b.load_weight(&random_weight(dtype, rows, k, rows as u64 + 1).unwrap()).unwrap());
+    let pairs = [DType::Q4K, DType::Q5_0, DType::Q8_0].map(|dtype| {
+        let host = [1, 2].map(|s| random_weight(dtype, 37, k, 80 + s).unwrap());
+        let together = b.load_together(&host.each_ref()).unwrap();
+        (dtype, together, host.map(|w| b.load_weight(&w).unwrap()))
+    });
     for m in [1, 5, 70] {
         let x = up(b, m, k, &(0..m * k).map(|_| rng.activation()).collect::<Vec<_>>());
         let resid = rng.vec(m * 24);
@@ -572,6 +593,12 @@ fn fused_projections_equal_separate_ops<B: Backend>(b: &B, _: &Tol) {
             let (g, u) = (b.matmul(&x, &gate, None).unwrap(), b.matmul(&x, &upw, None).unwrap());
             let separate = read(b, &b.glu(&g, &u, act).unwrap());
             assert!(same_bits(&fused, &separate), "{}: gated_matmul {act:?} at m={m}", b.name());
+            for (dtype, together, apart) in &pairs {
+                let fused = read(b, &b.gated_matmul(&x, &together[0], &together[1], act).unwrap());
+                let (g, u) = (b.matmul(&x, &apart[0], None).unwrap(), b.matmul(&x, &apart[1], None).unwrap());
+                let separate = read(b, &b.glu(&g, &u, act).unwrap());
+                assert!(same_bits(&fused, &separate), "{}: {dtype:?} gate and up loaded together, {act:?} at m={m}", b.name());
+            }
         }
     }
     let x = up(b, 2, k, &vec![0.0; 2 * k]);

@@ -309,8 +309,9 @@ pub trait Backend {
     }
     fn load_weight(&self, w: &Weight) -> Result<Self::Weight>;
     /// [`Backend::load_weight`] of weights that are multiplied by the same input (a layer's Q, K
-    /// and V, or their biases), so that the backend may store them together and run them as one
-    /// [`Backend::matmuls`]: the GPU does, in one dispatch.
+    /// and V, or their biases; its gate and up projections), so that the backend may store them
+    /// together and run them as one [`Backend::matmuls`] or [`Backend::gated_matmul`]: the GPU
+    /// does, in one dispatch.
     fn load_together(&self, ws: &[&Weight]) -> Result<Vec<Self::Weight>> {
         ws.iter().map(|w| self.load_weight(w)).collect()
     }

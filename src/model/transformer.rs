@@ -18,15 +18,16 @@ pub struct Transformer<B: Backend> {
     rope_factors: Option<Vec<f32>>,
 }
 
-/// `w` on `backend`, each layer's Q, K and V projections (and their biases) loaded together, so
-/// that the backend may run them as one matmul ([`Backend::load_together`]).
+/// `w` on `backend`, each layer's Q, K and V projections (and their biases), and its gate and up
+/// projections, loaded together, so that the backend may run each group as one matmul
+/// ([`Backend::load_together`]).
 fn load<B: Backend>(backend: &B, w: &ModelWeights) -> Result<ModelWeights<B::Weight>> {
     // By address: the weights loaded together are found again as `try_map` walks the model.
     let mut together: HashMap<*const Weight, B::Weight> = HashMap::new();
     for l in &w.layers {
-        let mut groups = vec![[&l.wq, &l.wk, &l.wv]];
+        let mut groups = vec![vec![&l.wq, &l.wk, &l.wv], vec![&l.w_gate, &l.w_up]];
         if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
-            groups.push([bq, bk, bv]);
+            groups.push(vec![bq, bk, bv]);
         }
         for group in groups {
             for (host, loaded) in group.iter().zip(backend.load_together(&group)?) {

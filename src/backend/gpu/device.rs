@@ -31,7 +31,12 @@ impl fmt::Display for AdapterReport {
         writeln!(f, "  max_compute_invocations_per_workgroup: {}", l.max_compute_invocations_per_workgroup)?;
         writeln!(f, "  max_compute_workgroups_per_dimension: {}", l.max_compute_workgroups_per_dimension)?;
         if self.features.contains(wgpu::Features::SUBGROUP) {
-            writeln!(f, "  subgroup size: {}-{}", self.info.subgroup_min_size, self.info.subgroup_max_size)?;
+            let (min, max) = (i.subgroup_min_size, i.subgroup_max_size);
+            let sums = match subgroups_exact(min, max) {
+                true => "matmul sums within subgroups",
+                false => "the size varies: matmul sums through workgroup memory",
+            };
+            writeln!(f, "  subgroup size: {min}-{max} ({sums})")?;
         }
         write!(f, "  features: {:?}", self.features)
     }
@@ -74,11 +79,16 @@ async fn pick_adapter(opts: &GpuOptions) -> Result<wgpu::Adapter> {
 }
 
 /// The device with the adapter's own limits (the defaults are far smaller: 128 MiB bindings
-/// matter for weights) and subgroups where the adapter has them (unless `opts` says not to); every
-/// kernel also runs on plain WebGPU. (wgpu's browser backend offers no subgroups yet.)
+/// matter for weights) and subgroups where [`subgroups_exact`] allows them (unless `opts` says
+/// not to); every kernel also runs on plain WebGPU. (wgpu's browser backend offers no subgroups
+/// yet.)
 pub(super) async fn open(opts: &GpuOptions) -> Result<(wgpu::AdapterInfo, wgpu::Device, wgpu::Queue)> {
     let adapter = pick_adapter(opts).await?;
-    let wanted = if opts.no_subgroups { wgpu::Features::empty() } else { wgpu::Features::SUBGROUP };
+    let info = adapter.get_info();
+    let wanted = match !opts.no_subgroups && subgroups_exact(info.subgroup_min_size, info.subgroup_max_size) {
+        true => wgpu::Features::SUBGROUP,
+        false => wgpu::Features::empty(),
+    };
     let (device, queue) = adapter
         .request_device(&wgpu::DeviceDescriptor {
             label: Some("saguaro"),
@@ -89,8 +99,18 @@ pub(super) async fn open(opts: &GpuOptions) -> Result<(wgpu::AdapterInfo, wgpu::
             trace: wgpu::Trace::Off,
         })
         .await
-        .map_err(|e| Error::Gpu(format!("cannot open a device on {}: {e}", adapter.get_info().name)))?;
-    Ok((adapter.get_info(), device, queue))
+        .map_err(|e| Error::Gpu(format!("cannot open a device on {}: {e}", info.name)))?;
+    Ok((info, device, queue))
+}
+
+/// Whether the kernels may add up within subgroups on an adapter whose subgroups hold `min` to
+/// `max` lanes: only where that size is fixed. A driver that picks the size per pipeline (Intel's
+/// 8 to 32 lanes, AMD's 32 or 64) may give a decode's matmul one size and a verification's
+/// another, and sums gathered in trees of different shapes round to different bits, where a
+/// verification's rows must get their decodes' bits for greedy speculation to equal greedy
+/// decoding. There the kernels reduce through workgroup memory, in one order for any pipeline.
+pub(super) fn subgroups_exact(min: u32, max: u32) -> bool {
+    min > 0 && min == max
 }
 
 /// What went wrong on the device outside any call that could return it: a lost device, or an
@@ -161,5 +181,18 @@ pub(super) fn scoped<T>(device: &wgpu::Device, what: impl FnOnce() -> String, f:
         (Some(e), _) => Err(Error::OutOfMemory(format!("{}: {e}", what()))),
         (None, Some(e)) => Err(Error::Gpu(format!("{}: {e}", what()))),
         (None, None) => Ok(out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::subgroups_exact;
+
+    #[test]
+    fn subgroups_add_up_only_where_their_size_is_fixed() {
+        // NVIDIA, lavapipe, SwiftShader: one size.
+        assert!(subgroups_exact(32, 32) && subgroups_exact(8, 8) && subgroups_exact(4, 4));
+        // Intel, AMD, and an adapter that reports no size.
+        assert!(!subgroups_exact(8, 32) && !subgroups_exact(32, 64) && !subgroups_exact(0, 0));
     }
 }

@@ -2,9 +2,10 @@
 //! (verification, tree steps) decode each weight value once for up to 8 activation rows; larger M
 //! (prefill) uses the tiled kernel. A weight split into parts is one dispatch per part, each
 //! writing its own columns of the output. The pass can also add its output to a residual or gate
-//! it by another tensor (`Epilogue`), sparing the separate kernel and its dispatch; and a layer's
+//! it by another tensor (`Epilogue`), sparing the separate kernel and its dispatch; a layer's
 //! Q, K and V, loaded together into one buffer, run as one weight whose columns go to three
-//! outputs (`matmul_together`).
+//! outputs (`matmul_together`); and a gated unit's gate and up projections, loaded together, run
+//! as one pass that writes the gated output (`gated_together`).
 
 use std::sync::Arc;
 
@@ -40,6 +41,9 @@ pub(super) enum Epilogue<'a> {
     Add,
     /// Writes `act(gate) * value`: the up projection of a gated unit, given its gate projection.
     Gate(&'a Tensor, Activation),
+    /// Writes `act(gate) * up`, W being a gated unit's gate and up projections one after the
+    /// other: both projections and the gating in one pass (matmul.wgsl's PAIRED).
+    Paired(Activation),
 }
 
 /// Threads per `matmul_rows` workgroup for the options, whether the adapter computes on the CPU
@@ -97,10 +101,10 @@ impl GpuBackend {
     /// together ([`GpuBackend::upload_together`]), their biases too or none of them: `None`
     /// where they were not.
     pub(super) fn matmul_together(&self, x: &Tensor, ws: [(&Weight, Option<&Weight>); 3]) -> Result<Option<[Tensor; 3]>> {
-        let Some(w) = side_by_side(ws.map(|(w, _)| w)) else { return Ok(None) };
+        let Some(w) = side_by_side(&ws.map(|(w, _)| w)) else { return Ok(None) };
         let bias = match ws.map(|(_, b)| b) {
             [None, None, None] => None,
-            [Some(a), Some(b), Some(c)] => match side_by_side([a, b, c]) {
+            [Some(a), Some(b), Some(c)] => match side_by_side(&[a, b, c]) {
                 Some(bias) => Some(bias),
                 None => return Ok(None),
             },
@@ -111,19 +115,32 @@ impl GpuBackend {
         Ok(Some(outs))
     }
 
+    /// [`GpuBackend::gated_matmul`] in one dispatch, where the gate and up projections were loaded
+    /// together and the batch takes `matmul_rows`: `None` elsewhere (the tiled kernel of a prefill
+    /// runs them as two passes).
+    pub(super) fn gated_together(&self, x: &Tensor, gate: &Weight, up: &Weight, act: Activation) -> Result<Option<Tensor>> {
+        if x.rows > SMALL_M || gate.rows() != up.rows() {
+            return Ok(None);
+        }
+        let Some(w) = side_by_side(&[gate, up]) else { return Ok(None) };
+        let out = self.tensor(x.rows, up.rows())?;
+        self.record_matmul(x, &w, None, &[&out], Epilogue::Paired(act))?;
+        Ok(Some(out))
+    }
+
     /// `x @ w^T (+ bias)` into `outs`: one tensor `[x.rows, w.rows]`, as `epilogue` says, or where
-    /// `w` is three weights one after the other, stored in three (outs_three.wgsl).
+    /// `w` is three weights one after the other, stored in three (outs_three.wgsl); or, for
+    /// [`Epilogue::Paired`], the gated half as wide as `w` is tall.
     fn record_matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>, outs: &[&Tensor], epilogue: Epilogue) -> Result<()> {
         let out = outs[0];
         let widths: Vec<usize> = outs.iter().map(|o| o.cols).collect();
-        shape_check(
-            w.cols() == x.cols && outs.iter().all(|o| o.rows == x.rows) && widths.iter().sum::<usize>() == w.rows(),
-            "matmul",
-        )?;
+        let paired = matches!(epilogue, Epilogue::Paired(_));
+        let columns = widths.iter().sum::<usize>() * if paired { 2 } else { 1 };
+        shape_check(w.cols() == x.cols && outs.iter().all(|o| o.rows == x.rows) && columns == w.rows(), "matmul")?;
         debug_assert!(outs.len() == 1 || (outs.len() == 3 && matches!(epilogue, Epilogue::Store)));
-        let (m, n, k) = (x.rows, w.rows(), w.cols());
+        let (m, n, k) = (x.rows, widths.iter().sum::<usize>(), w.cols());
         let bias = bias.map(|b| b.vector(n, "matmul bias")).transpose()?;
-        // The codes matmul.wgsl's `store` switches on.
+        // The codes matmul.wgsl's `store` switches on (PAIRED writes without it).
         let (code, side, (ga, gb)) = match epilogue {
             Epilogue::Store => (0, x, (0.0, 0.0)),
             Epilogue::Add => (1, x, (0.0, 0.0)),
@@ -131,8 +148,10 @@ impl GpuBackend {
                 shape_check(gate.rows == m && gate.cols == n, "gated matmul")?;
                 (2, gate, act.sigmoid_coefficients())
             }
+            Epilogue::Paired(act) => (0, x, act.sigmoid_coefficients()),
         };
         let tiled = m > SMALL_M;
+        debug_assert!(!(tiled && paired), "the tiled kernel does not pair");
         let (nr, mt) = if tiled { (1, 1) } else { (NR, m.next_power_of_two().min(MAX_MT)) };
         // The tiled kernel's 64 threads are fixed; WG sizes only the sums it shares.
         let wg = if tiled { MAX_WG } else { self.matvec_threads };
@@ -149,6 +168,7 @@ impl GpuBackend {
                 ("SUMS", self.sums()),
                 ("X", if k % 4 == 0 { "@x_vec4" } else { "@x_scalar" }),
                 ("OUTS", if outs.len() == 3 { "@outs_three" } else { "@outs_one" }),
+                ("PAIRED", if paired { "true" } else { "false" }),
             ],
         )?;
         // Without a bias the kernel never reads binding 3; x stands in for it.
@@ -159,15 +179,16 @@ impl GpuBackend {
         let split1 = widths[0] as u32;
         let split2 = split1 + widths.get(1).copied().unwrap_or(0) as u32;
         for part in &w.0.parts {
-            let rows = part.rows as usize;
+            // A paired weight is one part (`side_by_side`), its outputs as many as either half's rows.
+            let rows = if paired { n } else { part.rows as usize };
             let wgs = if tiled {
                 groups(rows, TILE)? * groups(m, TILE)?
             } else {
-                groups(rows, nr)? * groups(m, mt)?
+                groups(rows, if paired { nr / 2 } else { nr })? * groups(m, mt)?
             };
             let (wbuf, wbytes) = part.bind();
             let params = [
-                m as u32, n as u32, k as u32, part.row0, part.rows, bias.is_some() as u32, code, f(ga), f(gb),
+                m as u32, n as u32, k as u32, part.row0, rows as u32, bias.is_some() as u32, code, f(ga), f(gb),
                 part.at, bias_at, split1, split2,
             ];
             // Where the epilogue takes no side input, x stands in for it, as for a bias.
@@ -183,7 +204,7 @@ impl GpuBackend {
 
 /// The one weight that `ws` make where they lie one after the other in one buffer (as
 /// [`GpuBackend::upload_together`] stores them), each whole in one part.
-fn side_by_side(ws: [&Weight; 3]) -> Option<Weight> {
+fn side_by_side(ws: &[&Weight]) -> Option<Weight> {
     let parts: Vec<&Part> = ws
         .iter()
         .map(|w| match &w.0.parts[..] {
@@ -194,7 +215,7 @@ fn side_by_side(ws: [&Weight; 3]) -> Option<Weight> {
     let vectors = ws[0].dtype() == DType::F32 && ws.iter().all(|w| w.rows() == 1 || w.cols() == 1);
     // Where each starts in the buffer: rows of a matrix, values of a vector.
     let len = |w: &Weight| if vectors { w.rows() * w.cols() } else { w.rows() } as u32;
-    let adjacent = (0..2).all(|i| parts[i + 1].buf == parts[i].buf && parts[i + 1].at == parts[i].at + len(ws[i]));
+    let adjacent = (1..ws.len()).all(|i| parts[i].buf == parts[i - 1].buf && parts[i].at == parts[i - 1].at + len(ws[i - 1]));
     let alike = ws.iter().all(|w| w.dtype() == ws[0].dtype() && (vectors || w.cols() == ws[0].cols()));
     if !(adjacent && alike) {
         return None;

@@ -293,7 +293,12 @@ impl Backend for GpuBackend {
         self.matmul_into(x, w, None, into, Epilogue::Add)
     }
 
+    /// One pass where the gate and up projections were loaded together ([`Backend::load_together`])
+    /// and the batch is small; else the gate's pass, then the up projection's, which gates.
     fn gated_matmul(&self, x: &Tensor, gate: &Weight, up: &Weight, act: Activation) -> Result<Tensor> {
+        if let Some(out) = self.gated_together(x, gate, up, act)? {
+            return Ok(out);
+        }
         let g = self.matmul_weight(x, gate, None)?;
         let out = self.tensor(x.rows, up.rows())?;
         self.matmul_into(x, up, None, &out, Epilogue::Gate(&g, act))?;

@@ -1,8 +1,8 @@
 //! Weights on the GPU: the raw ggml bytes, decoded by the kernels that read them. A matrix larger
 //! than one storage binding (a large vocabulary's output head) is split by rows into parts, each
 //! its own buffer, and every op over it runs once per part. Weights loaded together (a layer's Q,
-//! K and V, and their biases) share one buffer, one after the other, so that one dispatch can
-//! take them all.
+//! K and V, and their biases; its gate and up projections) share one buffer, one after the other,
+//! so that one dispatch can take them all.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -124,7 +124,8 @@ impl GpuBackend {
 
     /// `ws` in one buffer, one after the other, where they are all matrices of one storage type
     /// and width that fit one part, or all vectors: a layer's Q, K and V projections (or their
-    /// biases), which [`GpuBackend::matmul_together`] then runs as one dispatch. Else (or where
+    /// biases), which [`GpuBackend::matmul_together`] then runs as one dispatch, or its gate and
+    /// up projections, which [`GpuBackend::gated_together`] does. Else (or where
     /// one of them is already on the GPU) each is uploaded as [`GpuBackend::upload_weight`] does.
     pub(super) fn upload_together(&self, ws: &[&HostWeight]) -> Result<Vec<Weight>> {
         let vector = |w: &HostWeight| w.rows == 1 || w.cols == 1;
