@@ -539,7 +539,7 @@ fn matmuls_equal_separate_matmuls<B: Backend>(b: &B, _: &Tol) {
 /// stores side by side and runs as one dispatch) give the bits of the same weights loaded apart,
 /// together and alone, with and without their biases (loaded together too), for a decode, a
 /// verification and a prefill (the GPU's tiled kernel). Weights of different types load
-/// together as well (apart, on the GPU).
+/// together as well (on the GPU, those of the leading type together, the rest apart).
 fn together_equal_apart<B: Backend>(b: &B, k: usize, rng: &mut TestRng) {
     for dtypes in [[DType::Q5_0; 3], [DType::Q4K; 3], [DType::Q4K, DType::Q4K, DType::Q6K]] {
         let host = [40, 8, 16].map(|rows| random_weight(dtypes[0], rows, k, rows as u64 + 5).unwrap());
@@ -1050,8 +1050,8 @@ fn gpu_weights_larger_than_one_binding_are_split_by_rows() {
 }
 
 /// A layer's Q, K and V loaded together are one dispatch on the GPU (outs_three.wgsl), with or
-/// without biases, where three weights loaded apart are three; weights of different types loaded
-/// together stay three.
+/// without biases, where three weights loaded apart are three; where only Q and K share a type,
+/// they are one (outs_two.wgsl) and V another; where Q's type differs from K's, three.
 #[test]
 fn gpu_runs_weights_loaded_together_in_one_dispatch() {
     let Some(g) = util::shared_gpu() else { return };
@@ -1059,12 +1059,14 @@ fn gpu_runs_weights_loaded_together_in_one_dispatch() {
     let host = [64, 16, 16].map(|rows| random_weight(DType::Q8_0, rows, k, rows as u64).unwrap());
     let biases = [64, 16, 16].map(|n| Weight::from_f32(1, n, &vec![0.5; n]));
     let mixed = [DType::Q8_0, DType::Q8_0, DType::Q4_0].map(|d| random_weight(d, 16, k, 3).unwrap());
+    let first_apart = [DType::Q4_0, DType::Q8_0, DType::Q8_0].map(|d| random_weight(d, 16, k, 4).unwrap());
     let together = g.load_together(&host.each_ref()).unwrap();
     let together_biases = g.load_together(&biases.each_ref()).unwrap();
     // Other weights: the same bytes would be found already on the GPU, loaded together.
     let apart = [64, 16, 16].map(|rows| g.load_weight(&random_weight(DType::Q8_0, rows, k, rows as u64 + 1).unwrap()).unwrap());
     let apart_biases = biases.each_ref().map(|w| g.load_weight(w).unwrap());
     let mixed = g.load_together(&mixed.each_ref()).unwrap();
+    let first_apart = g.load_together(&first_apart.each_ref()).unwrap();
     let x = up(g, 1, k, &vec![1.0; k]);
     let dispatches = |ws: &[saguaro::backend::gpu::Weight], bias: Option<&[saguaro::backend::gpu::Weight]>| {
         let before = g.dispatches_recorded();
@@ -1076,6 +1078,9 @@ fn gpu_runs_weights_loaded_together_in_one_dispatch() {
     assert_eq!(dispatches(&together, Some(&together_biases)), 1, "loaded together, biases too");
     assert_eq!(dispatches(&together, Some(&apart_biases)), 3, "biases loaded apart");
     assert_eq!(dispatches(&apart, None), 3, "loaded apart");
-    assert_eq!(dispatches(&mixed, None), 3, "different types");
-    assert!(g.kernels_built().iter().any(|k| k.contains("OUTS=@outs_three")), "{:?}", g.kernels_built());
+    assert_eq!(dispatches(&mixed, None), 2, "V of another type");
+    assert_eq!(dispatches(&first_apart, None), 3, "Q of another type");
+    for outs in ["OUTS=@outs_three", "OUTS=@outs_two"] {
+        assert!(g.kernels_built().iter().any(|k| k.contains(outs)), "{outs}: {:?}", g.kernels_built());
+    }
 }

@@ -3,8 +3,8 @@
 //! (prefill) uses the tiled kernel. A weight split into parts is one dispatch per part, each
 //! writing its own columns of the output. The pass can also add its output to a residual or gate
 //! it by another tensor (`Epilogue`), sparing the separate kernel and its dispatch; a layer's
-//! Q, K and V, loaded together into one buffer, run as one weight whose columns go to three
-//! outputs (`matmul_together`); and a gated unit's gate and up projections, loaded together, run
+//! Q, K and V (or Q and K), loaded together into one buffer, run as one weight whose columns go
+//! to three (two) outputs (`matmul_together`); and a gated unit's gate and up projections, loaded together, run
 //! as one pass that writes the gated output (`gated_together`).
 
 use std::sync::Arc;
@@ -97,21 +97,23 @@ impl GpuBackend {
         self.record_matmul(x, w, bias, &[out], epilogue)
     }
 
-    /// [`GpuBackend::matmul`] of `x` by three weights in one dispatch, where they were loaded
-    /// together ([`GpuBackend::upload_together`]), their biases too or none of them: `None`
+    /// [`GpuBackend::matmul`] of `x` by two or three weights in one dispatch, where they were
+    /// loaded together ([`GpuBackend::upload_together`]), their biases too or none of them: `None`
     /// where they were not.
-    pub(super) fn matmul_together(&self, x: &Tensor, ws: [(&Weight, Option<&Weight>); 3]) -> Result<Option<[Tensor; 3]>> {
+    pub(super) fn matmul_together<const N: usize>(&self, x: &Tensor, ws: [(&Weight, Option<&Weight>); N]) -> Result<Option<[Tensor; N]>> {
+        if !(2..=3).contains(&N) {
+            return Ok(None);
+        }
         let Some(w) = side_by_side(&ws.map(|(w, _)| w)) else { return Ok(None) };
         let bias = match ws.map(|(_, b)| b) {
-            [None, None, None] => None,
-            [Some(a), Some(b), Some(c)] => match side_by_side(&[a, b, c]) {
+            b if b.iter().all(Option::is_none) => None,
+            b => match b.into_iter().collect::<Option<Vec<_>>>().and_then(|b| side_by_side(&b)) {
                 Some(bias) => Some(bias),
                 None => return Ok(None),
             },
-            _ => return Ok(None),
         };
         let outs = all_ok(ws.map(|(w, _)| self.tensor(x.rows, w.rows())))?;
-        self.record_matmul(x, &w, bias.as_ref(), &[&outs[0], &outs[1], &outs[2]], Epilogue::Store)?;
+        self.record_matmul(x, &w, bias.as_ref(), &outs.each_ref(), Epilogue::Store)?;
         Ok(Some(outs))
     }
 
@@ -129,7 +131,8 @@ impl GpuBackend {
     }
 
     /// `x @ w^T (+ bias)` into `outs`: one tensor `[x.rows, w.rows]`, as `epilogue` says, or where
-    /// `w` is three weights one after the other, stored in three (outs_three.wgsl); or, for
+    /// `w` is two or three weights one after the other, stored in as many (outs_two.wgsl,
+    /// outs_three.wgsl); or, for
     /// [`Epilogue::Paired`], the gated half as wide as `w` is tall.
     fn record_matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>, outs: &[&Tensor], epilogue: Epilogue) -> Result<()> {
         let out = outs[0];
@@ -137,7 +140,7 @@ impl GpuBackend {
         let paired = matches!(epilogue, Epilogue::Paired(_));
         let columns = widths.iter().sum::<usize>() * if paired { 2 } else { 1 };
         shape_check(w.cols() == x.cols && outs.iter().all(|o| o.rows == x.rows) && columns == w.rows(), "matmul")?;
-        debug_assert!(outs.len() == 1 || (outs.len() == 3 && matches!(epilogue, Epilogue::Store)));
+        debug_assert!(outs.len() == 1 || matches!(epilogue, Epilogue::Store));
         let (m, n, k) = (x.rows, widths.iter().sum::<usize>(), w.cols());
         let bias = bias.map(|b| b.vector(n, "matmul bias")).transpose()?;
         // The codes matmul.wgsl's `store` switches on (PAIRED writes without it).
@@ -167,7 +170,7 @@ impl GpuBackend {
                 ("WG", &wg_s),
                 ("SUMS", self.sums()),
                 ("X", if k % 4 == 0 { "@x_vec4" } else { "@x_scalar" }),
-                ("OUTS", if outs.len() == 3 { "@outs_three" } else { "@outs_one" }),
+                ("OUTS", ["@outs_one", "@outs_two", "@outs_three"][outs.len() - 1]),
                 ("PAIRED", if paired { "true" } else { "false" }),
             ],
         )?;
@@ -193,9 +196,7 @@ impl GpuBackend {
             ];
             // Where the epilogue takes no side input, x stands in for it, as for a bias.
             let mut binds = vec![x.bind(1), (2, wbuf, wbytes), (3, bias_buf, bias_bytes), out.bind(4), side.bind(5)];
-            if let [_, second, third] = outs {
-                binds.extend([second.bind(6), third.bind(7)]);
-            }
+            binds.extend(outs[1..].iter().zip(6..).map(|(o, at)| o.bind(at)));
             self.dispatch(&kernel, &params, &binds, wgs)?;
         }
         Ok(())

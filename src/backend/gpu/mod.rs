@@ -277,11 +277,16 @@ impl Backend for GpuBackend {
         self.matmul_weight(x, w, bias)
     }
 
-    /// Three weights loaded together ([`Backend::load_together`]) in one dispatch.
+    /// Weights loaded together ([`Backend::load_together`]) in one dispatch; where only the first
+    /// two of three were (a Q and K whose V is stored in another type), those two in one.
     fn matmuls<const N: usize>(&self, x: &Tensor, ws: [(&Weight, Option<&Weight>); N]) -> Result<[Tensor; N]> {
-        if let Ok(three) = <[(&Weight, Option<&Weight>); 3]>::try_from(&ws[..]) {
-            if let Some(outs) = self.matmul_together(x, three)? {
-                if let Ok(outs) = <[Tensor; N]>::try_from(Vec::from(outs)) {
+        if let Some(outs) = self.matmul_together(x, ws)? {
+            return Ok(outs);
+        }
+        if let [q, k, v] = ws[..] {
+            if let Some([q, k]) = self.matmul_together(x, [q, k])? {
+                let v = self.matmul(x, v.0, v.1)?;
+                if let Ok(outs) = <[Tensor; N]>::try_from(vec![q, k, v]) {
                     return Ok(outs);
                 }
             }

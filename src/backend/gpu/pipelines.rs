@@ -25,8 +25,9 @@ const WORKGROUP_SUM: &str = include_str!("../../../shaders/workgroup_sum.wgsl");
 /// WGSL pieces a kernel takes in place of a placeholder whose value names them (`@name`): one
 /// function written for two kinds of device, or the bindings and accessors of one buffer stored
 /// or read two ways, so that a kernel need not be written twice.
-const SNIPPETS: [(&str, &str); 8] = [
+const SNIPPETS: [(&str, &str); 9] = [
     ("@outs_one", include_str!("../../../shaders/outs_one.wgsl")),
+    ("@outs_two", include_str!("../../../shaders/outs_two.wgsl")),
     ("@outs_three", include_str!("../../../shaders/outs_three.wgsl")),
     ("@sums_workgroup", include_str!("../../../shaders/sums_workgroup.wgsl")),
     ("@sums_subgroup", include_str!("../../../shaders/sums_subgroup.wgsl")),

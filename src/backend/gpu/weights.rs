@@ -125,14 +125,24 @@ impl GpuBackend {
     /// `ws` in one buffer, one after the other, where they are all matrices of one storage type
     /// and width that fit one part, or all vectors: a layer's Q, K and V projections (or their
     /// biases), which [`GpuBackend::matmul_together`] then runs as one dispatch, or its gate and
-    /// up projections, which [`GpuBackend::gated_together`] does. Else (or where
-    /// one of them is already on the GPU) each is uploaded as [`GpuBackend::upload_weight`] does.
+    /// up projections, which [`GpuBackend::gated_together`] does. Where only the leading ones
+    /// share a type (a Q and K whose V is stored in another), those go together and the rest
+    /// apart. Else (or where one of them is already on the GPU) each is uploaded as
+    /// [`GpuBackend::upload_weight`] does.
     pub(super) fn upload_together(&self, ws: &[&HostWeight]) -> Result<Vec<Weight>> {
         let vector = |w: &HostWeight| w.rows == 1 || w.cols == 1;
         let Some(first) = ws.first() else { return Ok(Vec::new()) };
         let vectors = ws.iter().all(|w| vector(w));
+        let alike = ws.iter().take_while(|w| !vector(w) && w.dtype == first.dtype && w.cols == first.cols).count();
+        if (2..ws.len()).contains(&alike) {
+            let mut loaded = self.upload_together(&ws[..alike])?;
+            for w in &ws[alike..] {
+                loaded.push(self.upload_weight(w)?);
+            }
+            return Ok(loaded);
+        }
         let bytes: u64 = ws.iter().map(|w| if vectors { 4 * w.rows * w.cols } else { w.data.as_slice().len() } as u64).sum();
-        let matrices = ws.iter().all(|w| !vector(w) && w.dtype == first.dtype && w.cols == first.cols)
+        let matrices = alike == ws.len()
             && bytes + 8 <= self.max_weight_part
             && ws.iter().map(|w| w.rows).sum::<usize>() <= (u32::MAX as usize - 4) / first.cols;
         // Matrices are found again by their bytes (vectors are never cached): checksummed once here.
