@@ -4,8 +4,8 @@
 //! writing its own columns of the output. The pass can also add its output to a residual or gate
 //! it by another tensor (`Epilogue`), sparing the separate kernel and its dispatch; a layer's
 //! Q, K and V (or Q and K), loaded together into one buffer, run as one weight whose columns go
-//! to three (two) outputs (`matmul_together`); and a gated unit's gate and up projections, loaded together, run
-//! as one pass that writes the gated output (`gated_together`).
+//! to three (two) outputs (`matmul_together`); and a gated unit's gate and up projections,
+//! loaded together, run as one pass that writes the gated output (`gated_together`).
 
 use std::sync::Arc;
 
@@ -132,8 +132,8 @@ impl GpuBackend {
 
     /// `x @ w^T (+ bias)` into `outs`: one tensor `[x.rows, w.rows]`, as `epilogue` says, or where
     /// `w` is two or three weights one after the other, stored in as many (outs_two.wgsl,
-    /// outs_three.wgsl); or, for
-    /// [`Epilogue::Paired`], the gated half as wide as `w` is tall.
+    /// outs_three.wgsl); or, for [`Epilogue::Paired`], the gated output, half as wide as `w` is
+    /// tall.
     fn record_matmul(&self, x: &Tensor, w: &Weight, bias: Option<&Weight>, outs: &[&Tensor], epilogue: Epilogue) -> Result<()> {
         let out = outs[0];
         let widths: Vec<usize> = outs.iter().map(|o| o.cols).collect();
