@@ -4,11 +4,10 @@
 // workgroup (the decode matmul's on a CPU adapter) a single slot was drawn and every lane already
 // holds every total; otherwise thread t adds up the few slots (WG / subgroup size) of accumulators
 // t, t + WG, ... below SPAN and of each one's GROUPS - 1 partners, SPAN apart (matmul.wgsl), in
-// the order of each slot's first lane rather than the order the subgroups
-// drew them in, which differs from run to run on a GPU: three or more f32 sums in another order
-// can round to other bits, and a verification's rows must get their decodes' bits. Each total
-// ends in the `acc` of the thread that writes it. The caller's control flow must be uniform
-// across the workgroup.
+// the order of each slot's first lane rather than the order the subgroups drew them in, which
+// differs from run to run on a GPU: three or more f32 sums in another order can round to other
+// bits, and a verification's rows must get their decodes' bits. Each total ends in the `acc` of
+// the thread that writes it. The caller's control flow must be uniform across the workgroup.
 
 var<workgroup> partial: array<f32, NR * MT * WG>;
 var<workgroup> slots: atomic<u32>;

@@ -123,10 +123,10 @@ mod gpu_widths {
 
 /// Each reduction path the adapter offers ran: the shared GPU takes subgroups wherever the adapter
 /// has them at one fixed size (where the size varies, a pipeline's could differ from another's,
-/// and with it the bits of their sums), and a matmul on it and on the plain GPU builds the kernel of each path. The decode
-/// matmul's workgroup is one subgroup where the adapter computes on the CPU and reports a fixed
-/// subgroup size (lavapipe), with or without subgroup reductions; 4 threads on a CPU adapter that
-/// reports none; 64 threads on a GPU.
+/// and with it the bits of their sums), and a matmul on it and on the plain GPU builds the kernel
+/// of each path. The decode matmul's workgroup is one subgroup where the adapter computes on the
+/// CPU and reports a fixed subgroup size (lavapipe), with or without subgroup reductions; 4
+/// threads on a CPU adapter that reports none; 64 threads on a GPU.
 #[test]
 fn gpu_reduction_paths_ran() {
     let Some(g) = util::shared_gpu() else { return };

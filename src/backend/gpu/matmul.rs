@@ -138,10 +138,10 @@ impl GpuBackend {
         let out = outs[0];
         let widths: Vec<usize> = outs.iter().map(|o| o.cols).collect();
         let paired = matches!(epilogue, Epilogue::Paired(_));
-        let columns = widths.iter().sum::<usize>() * if paired { 2 } else { 1 };
-        shape_check(w.cols() == x.cols && outs.iter().all(|o| o.rows == x.rows) && columns == w.rows(), "matmul")?;
-        debug_assert!(outs.len() == 1 || matches!(epilogue, Epilogue::Store));
         let (m, n, k) = (x.rows, widths.iter().sum::<usize>(), w.cols());
+        let columns = if paired { 2 * n } else { n };
+        shape_check(k == x.cols && outs.iter().all(|o| o.rows == m) && columns == w.rows(), "matmul")?;
+        debug_assert!(outs.len() == 1 || matches!(epilogue, Epilogue::Store));
         let bias = bias.map(|b| b.vector(n, "matmul bias")).transpose()?;
         // The codes matmul.wgsl's `store` switches on (PAIRED writes without it).
         let (code, side, (ga, gb)) = match epilogue {
