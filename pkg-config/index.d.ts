@@ -87,6 +87,12 @@ export interface LoadOptions {
    * the context in the same memory, and half the bytes attention reads) or 'f32'. A CPU model's
    * cache is f32. */
   kvCache?: 'f16' | 'f32';
+  /** f16 arithmetic in a WebGPU model's matmul for decoding and verification: weights decoded
+   * and multiplied in f16, added up in f32. The adapter must offer 'shader-f16' (elsewhere the
+   * load fails with code 'gpu_error'). Off by default: logits move about 5x further from the
+   * fp32 reference than with f32 arithmetic (greedy speculation still gives exactly the target's
+   * tokens), and its speed on a GPU is not yet measured. */
+  shaderF16?: boolean;
 }
 
 export interface GenerateOptions {

@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-BENCHES = ["spec-gpu-draft", "spec-cpu-draft", "ar-q8_0", "long-128", "long-0", "spec-0.5b-draft"]
+BENCHES = ["spec-gpu-draft", "spec-cpu-draft", "ar-q8_0", "spec-gpu-draft-f16", "long-128", "long-0", "spec-0.5b-draft"]
 
 
 def load(res, name):
@@ -75,7 +75,8 @@ def bench(name, b):
 
 def main():
     res, peak = sys.argv[1], float(sys.argv[2])
-    # One JSON line per path the kernels took (with subgroups, then without, where offered).
+    # One JSON line per path the kernels took (with subgroups, then without, then with f16
+    # arithmetic, where offered).
     for name, how in (("kernels", "default workgroups"), ("kernels-32", "32-thread decode workgroups")):
         try:
             with open(os.path.join(res, name + ".json")) as f:

@@ -2,14 +2,16 @@
 # The GPU measurements for a machine that has no Rust toolchain and no network (no model files):
 # synthesized models of Qwen 2.5 1.5B's shape (`saguaro synth`, random weights), then
 #   - the matmul of each weight type at M = 1, 5 and 16 rows (decode, K+1 verification, SSD tree
-#     step) at the 1.5B's FFN and output-head shapes, its GB/s as a share of the memory's peak;
+#     step) at the 1.5B's FFN and output-head shapes, its GB/s as a share of the memory's peak,
+#     with f32 and with f16 arithmetic (`--shader-f16`, where the adapter offers it);
 #   - attention over 4,096 cached tokens at 1 and 5 rows, its walk split into 128-slot parts (the
 #     default on a GPU) and unsplit (one workgroup per KV head);
 #   - AR decoding of the Q4_K_M and the Q8_0 file (tokens/s), and of the Q4_K_M file after a
 #     prompt of ~2,800 tokens with attention split and unsplit;
 #   - AR, SD and SSD with the model as its own draft, the draft on the GPU and on the CPU, and with
 #     a 0.5B-shape draft (the real pair's shapes: random models accept nothing, so only the cost
-#     of a round counts there): tokens/s and what a round costs.
+#     of a round counts there): tokens/s and what a round costs; AR and SD with the self-draft on
+#     the GPU again with f16 arithmetic.
 #
 #   scripts/gpu-device-bench.sh prepare   here: build and strip the binary into .gpu-bench/, with
 #                                         the Vulkan loader's Debian package beside it
@@ -168,6 +170,7 @@ main() {
   bench spec-gpu-draft --target "$model" "${self[@]}" "${gpu[@]}" --draft-backend gpu "${modes[@]}"
   bench spec-cpu-draft --target "$model" "${self[@]}" "${gpu[@]}" --draft-backend cpu "${modes[@]}"
   bench ar-q8_0 --target "$q8" "${gpu[@]}" --modes ar
+  bench spec-gpu-draft-f16 --target "$model" "${self[@]}" "${gpu[@]}" --draft-backend gpu --modes ar,sd --shader-f16
 
   section "decode after a long prompt: attention split into 128-slot parts and unsplit"
   # 120 small functions (about 2,800 tokens of the synthesized vocabulary); 30 for a quick check.

@@ -1,12 +1,13 @@
 // out[m, row0 + r] = dot(x[m, :], W[r, :]) (+ bias), for one row range (part) of W, with W decoded
-// from its storage type (dequant.wgsl).
+// from its storage type (dequant.wgsl, units.wgsl).
 //
 // `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its WG
-// threads split K a unit at a time (dequant.wgsl: 16 values of a K-quant row, 8 of a 4- or 5-bit
+// threads split K a unit at a time (units.wgsl: 16 values of a K-quant row, 8 of a 4- or 5-bit
 // 32-value block, 4 of Q8_0 or a float row), and each weight value, decoded once, is used for
-// all MT rows (each activation value loaded, for all NR rows). Every output sums its units in the
-// same order whatever M, so that a verification's rows have their decodes' bits. The partial
-// sums meet in `workgroup_sums`, filled in below from sums_workgroup.wgsl or, where the device
+// all MT rows (each activation value loaded, for all NR rows). Weights are decoded and multiplied
+// in F (f32, or f16 where the device has `shader-f16` and was asked to use it), each four
+// products added in F and the sums in f32. Every output sums its units in the same order whatever
+// M, so that a verification's rows have their decodes' bits. The partial sums meet in `workgroup_sums`, filled in below from sums_workgroup.wgsl or, where the device
 // has subgroups, sums_subgroup.wgsl.
 //
 // The activations `x` (binding 1) and `xload4` come from x_vec4.wgsl where K is a multiple of 4,
@@ -121,7 +122,7 @@ fn matmul_rows(
             n[r] = wunit_{{UNIT}}((p.at + row) * p.k, u, p.k);
         }
         for (var v = 0u; v < UV; v++) {
-            var w: array<vec4<f32>, NR>;
+            var w: array<vec4<F>, NR>;
             for (var r = 0u; r < NR; r++) {
                 w[r] = wquad_{{UNIT}}(n[r], v);
             }
@@ -129,9 +130,10 @@ fn matmul_rows(
                 if (m0 + mt >= p.m) {
                     break;
                 }
-                let xv = xload4(m0 + mt, at[v]);
+                let xv = vec4<F>(xload4(m0 + mt, at[v]));
                 for (var r = 0u; r < NR; r++) {
-                    acc[r * MT + mt] += dot(w[r], xv);
+                    // Each four products are added in F, the output's sum in f32.
+                    acc[r * MT + mt] += f32(dot(w[r], xv));
                 }
             }
         }

@@ -33,8 +33,9 @@ pub enum Device {
     Cpu { threads: usize, precision: Precision },
     /// The GPU through wgpu (WebGPU in the browser): the adapter whose name contains `adapter`,
     /// or the preferred one; `attention_split` and `matvec_threads` as in `GpuOptions` (`None`: by
-    /// adapter); the KV cache stored as `kv_cache` says.
-    Gpu { adapter: Option<String>, attention_split: Option<usize>, matvec_threads: Option<u32>, kv_cache: KvCache },
+    /// adapter); the KV cache stored as `kv_cache` says; f16 arithmetic in the decode matmul where
+    /// `shader_f16`.
+    Gpu { adapter: Option<String>, attention_split: Option<usize>, matvec_threads: Option<u32>, kv_cache: KvCache, shader_f16: bool },
 }
 
 impl Device {
@@ -48,11 +49,12 @@ impl Device {
     pub fn gpu_options(&self) -> Option<crate::backend::gpu::GpuOptions> {
         match self {
             Device::Cpu { .. } => None,
-            Device::Gpu { adapter, attention_split, matvec_threads, kv_cache } => Some(crate::backend::gpu::GpuOptions {
+            Device::Gpu { adapter, attention_split, matvec_threads, kv_cache, shader_f16 } => Some(crate::backend::gpu::GpuOptions {
                 adapter: adapter.clone(),
                 attention_split: *attention_split,
                 matvec_threads: *matvec_threads,
                 kv_cache: *kv_cache,
+                shader_f16: *shader_f16,
                 ..Default::default()
             }),
         }

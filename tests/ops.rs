@@ -51,11 +51,15 @@ struct Tol {
     decode: f64,
     /// Whether the KV cache holds K and V rounded to f16, as the reference then takes them.
     kv_f16: bool,
+    /// Whether the decode matmul computes in f16 (`reference::f16_error`).
+    f16: bool,
 }
 
-const CPU_EXACT: Tol = Tol { levels: Some(32767.0), decode: 0.0, kv_f16: false };
-const CPU_FAST: Tol = Tol { levels: Some(127.0), decode: 0.0, kv_f16: false };
-const GPU: Tol = Tol { levels: None, decode: 1.0 / (1 << 22) as f64, kv_f16: true };
+const CPU_EXACT: Tol = Tol { levels: Some(32767.0), decode: 0.0, kv_f16: false, f16: false };
+const CPU_FAST: Tol = Tol { levels: Some(127.0), decode: 0.0, kv_f16: false, f16: false };
+const GPU: Tol = Tol { levels: None, decode: 1.0 / (1 << 22) as f64, kv_f16: true, f16: false };
+/// The GPU with f16 arithmetic in the decode matmul (`gpu_f16::*`).
+const GPU_F16: Tol = Tol { f16: true, ..GPU };
 /// The GPU with an f32 KV cache (`gpu_kv_f32::*`).
 const GPU_KV_F32: Tol = Tol { kv_f16: false, ..GPU };
 
@@ -115,6 +119,29 @@ mod gpu_widths {
                     let wg = format!("WG={n},");
                     assert!(built.iter().any(|k| k.starts_with("matmul.matmul_rows") && k.contains(&wg)), "{wg} did not run: {built:?}");
                 }
+            })*
+        };
+    }
+    matmul_suite!(matmul, matmul_bias_and_long_rows, matmuls_equal_separate_matmuls, fused_projections_equal_separate_ops);
+}
+
+/// The decode matmul with f16 arithmetic, where the adapter offers `shader-f16`: within the
+/// error f16 rounding allows, and a verification's rows, weights loaded together and fused
+/// epilogues with the bits of its decodes, separate weights and separate ops as before.
+fn gpu_f16() -> Option<&'static GpuBackend> {
+    use std::sync::OnceLock;
+    static F16: OnceLock<Option<GpuBackend>> = OnceLock::new();
+    F16.get_or_init(util::open_gpu_f16).as_ref()
+}
+
+mod gpu_f16 {
+    macro_rules! matmul_suite {
+        ($($op:ident),*) => {
+            $(#[test] fn $op() {
+                let Some(g) = super::gpu_f16() else { return };
+                super::$op(g, &super::GPU_F16);
+                let built = saguaro::backend::gpu::GpuBackend::kernels_built(g);
+                assert!(built.iter().any(|k| k.starts_with("matmul.matmul_rows") && k.ends_with("F=f16")), "no f16 matmul ran: {built:?}");
             })*
         };
     }
@@ -474,6 +501,7 @@ fn check_matmul<B: Backend>(b: &B, t: &Tol, w: &Weight, bias: Option<&[f32]>, ms
         for xi in x.chunks(k) {
             for (r, wr) in dense.chunks(k).enumerate() {
                 let (dot, err) = reference::dot(w.dtype, t.levels, wr, xi);
+                let err = if t.f16 { err.max(reference::f16_error(w.dtype, wr, xi)) } else { err };
                 want.push(dot + bias.map_or(0.0, |v| v[r] as f64));
                 tol.push(err);
             }

@@ -56,15 +56,25 @@ pub struct LoadOpts {
     threads: Option<usize>,
     /// How a GPU model's KV cache stores K and V: "f16" (the default) or "f32".
     kv_cache: Option<String>,
+    /// f16 arithmetic in a GPU model's decode matmul (the adapter must offer `shader-f16`).
+    shader_f16: Option<bool>,
 }
 
 /// The most threads the `threads` option takes.
 pub(crate) const MAX_THREADS: usize = 64;
 
-fn device(name: Option<&str>, option: &str, precision: Precision, threads: usize, kv_cache: KvCache) -> Result<Device, JsValue> {
+/// How a model on the GPU runs, beside the adapter the browser picks.
+#[derive(Clone, Copy)]
+struct GpuChoices {
+    kv_cache: KvCache,
+    shader_f16: bool,
+}
+
+fn device(name: Option<&str>, option: &str, precision: Precision, threads: usize, gpu: GpuChoices) -> Result<Device, JsValue> {
+    let GpuChoices { kv_cache, shader_f16 } = gpu;
     match name.unwrap_or("cpu") {
         "cpu" => Ok(Device::Cpu { threads, precision }),
-        "gpu" => Ok(Device::Gpu { adapter: None, attention_split: None, matvec_threads: None, kv_cache }),
+        "gpu" => Ok(Device::Gpu { adapter: None, attention_split: None, matvec_threads: None, kv_cache, shader_f16 }),
         other => Err(invalid(format!("{option}: '{other}' is not a backend (expected 'gpu' or 'cpu')"))),
     }
 }
@@ -106,9 +116,10 @@ impl LoadOpts {
             None => KvCache::default(),
             Some(name) => name.parse::<KvCache>().map_err(|e| invalid(format!("kvCache: {e}")))?,
         };
+        let gpu = GpuChoices { kv_cache, shader_f16: self.shader_f16.unwrap_or(false) };
         Ok(EngineOptions {
-            target: device(self.backend.as_deref(), "backend", Precision::Exact, threads, kv_cache)?,
-            draft: device(self.draft_backend.as_deref(), "draftBackend", Precision::Fast, threads, kv_cache)?,
+            target: device(self.backend.as_deref(), "backend", Precision::Exact, threads, gpu)?,
+            draft: device(self.draft_backend.as_deref(), "draftBackend", Precision::Fast, threads, gpu)?,
             spec: spec(self.spec_k, self.fanout.as_deref(), self.backup.as_deref())?,
             context,
             // AR needs no draft and is always there: with it listed, a local SD draft makes the

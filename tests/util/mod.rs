@@ -42,6 +42,21 @@ pub fn open_gpu(opts: saguaro::backend::gpu::GpuOptions) -> Option<saguaro::back
     Some(futures::executor::block_on(saguaro::backend::gpu::GpuBackend::new(opts)).expect("opening the GPU"))
 }
 
+/// A GPU backend whose decode matmul computes in f16 (`GpuOptions::shader_f16`), where the adapter
+/// offers `shader-f16` (lavapipe does); None, saying so, where it does not or [`gpu_available`]
+/// says to skip.
+#[cfg(feature = "gpu")]
+pub fn open_gpu_f16() -> Option<saguaro::backend::gpu::GpuBackend> {
+    let plain = open_gpu(Default::default())?;
+    if !plain.f16_offered() {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "not run: {} offers no shader-f16, so f16 arithmetic was not tested", plain.adapter_info().name);
+        return None;
+    }
+    drop(plain);
+    open_gpu(saguaro::backend::gpu::GpuOptions { shader_f16: true, ..Default::default() })
+}
+
 /// One default GPU backend for the whole test binary, shared by its tests (from several threads).
 #[cfg(feature = "gpu")]
 pub fn shared_gpu() -> Option<&'static saguaro::backend::gpu::GpuBackend> {

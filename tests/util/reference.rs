@@ -6,6 +6,16 @@
 //! each activation is off by at most `d / 2` and a dot product by at most `Σ_j |w_j| d_j / 2`. The
 //! bound is exactly that plus `2e-5 Σ_j |w_j x_j|` for f32 rounding. Float weights, and any weight
 //! on a backend without activation quantization (`levels` None), are allowed `1e-5 Σ_j |w_j x_j|`.
+//!
+//! The GPU's f16 arithmetic (`GpuOptions::shader_f16`) rounds to u = 2^-11 where f32 rounds to
+//! 2^-24: a value `w = d q + m` decoded in f16 rounds `d` (a product exact in f32), `d q` and the
+//! sum, so it is off by at most about `u (2 |d q| + |w|) <= u (3 |w| + 2 |m|)`; the activation and
+//! the product round once each, and three f16 additions join a vector's four products, each
+//! within `u` of a partial sum of them. Per term that is under `u (8 |w_j| + 2 |m_j|) |x_j|`. The
+//! offset `m` is what quant 0 decodes to, which the random blocks here hold or come within a few
+//! steps of, so it stays near or below `B_j`, the largest `|w|` of the block: [`f16_error`]
+//! allows `u Σ_j (8 |w_j| + 6 B_j) |x_j|`, plus `2^-25` a term for products below f16's normal
+//! range.
 
 use saguaro::backend::cpu::Precision;
 use saguaro::storage::quant::{self, DType};
@@ -21,6 +31,25 @@ pub fn levels(precision: Precision) -> f64 {
 /// `Σ_j |w_j x_j|`, the scale of a dot product's rounding error.
 pub fn magnitude(w: &[f32], x: &[f32]) -> f64 {
     w.iter().zip(x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum()
+}
+
+/// The error allowed a dot product of weight row `w` of `dtype` with `x` computed in f16 (see the
+/// module doc).
+pub fn f16_error(dtype: DType, w: &[f32], x: &[f32]) -> f64 {
+    let u = 2f64.powi(-11);
+    let block = match dtype.block_size() {
+        1 => 1,
+        n => n,
+    };
+    let terms: f64 = w
+        .chunks(block)
+        .zip(x.chunks(block))
+        .map(|(w, x)| {
+            let b = w.iter().fold(0.0f64, |m, &v| m.max((v as f64).abs()));
+            w.iter().zip(x).map(|(&w, &x)| (8.0 * (w as f64).abs() + 6.0 * b) * (x as f64).abs()).sum::<f64>()
+        })
+        .sum();
+    u * terms + w.len() as f64 * 2f64.powi(-25)
 }
 
 /// The exact dot product of a (dequantized) weight row `w` of `dtype` with `x`, and the error

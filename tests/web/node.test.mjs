@@ -138,6 +138,7 @@ await rejects(Saguaro.load({ target: bytes }, { specKay: 3 }), 'invalid_argument
 await rejects(Saguaro.load({ target: bytes }, { modes: ['ar', 'fast'] }), 'invalid_argument', 'an unknown mode name, checked by the engine');
 for (const threads of [0, 65, 1.5, 'two']) await rejects(Saguaro.load({ target: bytes }, { threads }), 'invalid_argument', `threads ${JSON.stringify(threads)}`);
 for (const kvCache of ['f8', 16]) await rejects(Saguaro.load({ target: bytes }, { kvCache }), 'invalid_argument', `kvCache ${JSON.stringify(kvCache)}`);
+await rejects(Saguaro.load({ target: bytes }, { shaderF16: 'yes' }), 'invalid_argument', 'shaderF16 not a boolean');
 await rejects(engine.generate(g.prompt, { maxToken: 3 }), 'invalid_argument', 'an unknown generate option');
 const after = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
 check(JSON.stringify(after.tokens) === JSON.stringify(ar.tokens), 'the engine still works after errors');

@@ -38,6 +38,9 @@ impl fmt::Display for AdapterReport {
             };
             writeln!(f, "  subgroup size: {min}-{max} ({sums})")?;
         }
+        if self.features.contains(wgpu::Features::SHADER_F16) {
+            writeln!(f, "  shader-f16: offered (--shader-f16 computes the decode matmul in f16)")?;
+        }
         write!(f, "  features: {:?}", self.features)
     }
 }
@@ -79,20 +82,27 @@ async fn pick_adapter(opts: &GpuOptions) -> Result<wgpu::Adapter> {
 }
 
 /// The device with the adapter's own limits (the defaults are far smaller: 128 MiB bindings
-/// matter for weights) and subgroups where [`subgroups_exact`] allows them (unless `opts` says
-/// not to); every kernel also runs on plain WebGPU. (wgpu's browser backend offers no subgroups
+/// matter for weights), subgroups where [`subgroups_exact`] allows them (unless `opts` says
+/// not to) and `shader-f16` where `opts` asks for it; every kernel also runs on plain WebGPU. (wgpu's browser backend offers no subgroups
 /// yet.)
-pub(super) async fn open(opts: &GpuOptions) -> Result<(wgpu::AdapterInfo, wgpu::Device, wgpu::Queue)> {
+/// Also returns the features the adapter offers, asked for or not.
+pub(super) async fn open(opts: &GpuOptions) -> Result<(wgpu::AdapterInfo, wgpu::Features, wgpu::Device, wgpu::Queue)> {
     let adapter = pick_adapter(opts).await?;
     let info = adapter.get_info();
-    let wanted = match !opts.no_subgroups && subgroups_exact(info.subgroup_min_size, info.subgroup_max_size) {
-        true => wgpu::Features::SUBGROUP,
+    let mut wanted = match !opts.no_subgroups && subgroups_exact(info.subgroup_min_size, info.subgroup_max_size) {
+        true => adapter.features() & wgpu::Features::SUBGROUP,
         false => wgpu::Features::empty(),
     };
+    if opts.shader_f16 {
+        if !adapter.features().contains(wgpu::Features::SHADER_F16) {
+            return Err(Error::Gpu(format!("{} does not offer shader-f16: open it without f16 arithmetic", info.name)));
+        }
+        wanted |= wgpu::Features::SHADER_F16;
+    }
     let (device, queue) = adapter
         .request_device(&wgpu::DeviceDescriptor {
             label: Some("saguaro"),
-            required_features: adapter.features() & wanted,
+            required_features: wanted,
             required_limits: adapter.limits(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -100,7 +110,7 @@ pub(super) async fn open(opts: &GpuOptions) -> Result<(wgpu::AdapterInfo, wgpu::
         })
         .await
         .map_err(|e| Error::Gpu(format!("cannot open a device on {}: {e}", info.name)))?;
-    Ok((info, device, queue))
+    Ok((info, adapter.features(), device, queue))
 }
 
 /// Whether the kernels may add up within subgroups on an adapter whose subgroups hold `min` to

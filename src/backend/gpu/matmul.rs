@@ -67,7 +67,7 @@ pub(super) fn matvec_threads(asked: Option<u32>, cpu_adapter: bool, fixed_subgro
     }
 }
 
-/// The unit in which `matmul_rows` takes a weight row (dequant.wgsl): 16 values of a K-quant
+/// The unit in which `matmul_rows` takes a weight row (units.wgsl): 16 values of a K-quant
 /// block, whose scales are decoded once for them (on lavapipe Q4_K's matvec takes 0.6x the time of
 /// four-value units); 8 values of a 4- or 5-bit 32-value block, the low and high nibbles of one
 /// word, its scale fields read once; four values of Q8_0 and the float types, where larger units
@@ -172,6 +172,8 @@ impl GpuBackend {
                 ("X", if k % 4 == 0 { "@x_vec4" } else { "@x_scalar" }),
                 ("OUTS", ["@outs_one", "@outs_two", "@outs_three"][outs.len() - 1]),
                 ("PAIRED", if paired { "true" } else { "false" }),
+                // The tiled kernel computes in f32, whatever the units would.
+                ("F", if tiled { "f32" } else { self.arithmetic }),
             ],
         )?;
         // Without a bias the kernel never reads binding 3; x stands in for it.

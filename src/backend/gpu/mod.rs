@@ -2,7 +2,8 @@
 //! DX12, GL) and in the browser (WebGPU).
 //!
 //! - Weights stay in their storage type (f32, f16, bf16, ggml quant blocks) and are decoded inside
-//!   the kernels; no kernel needs `shader-f16`.
+//!   the kernels; no kernel needs `shader-f16`, and the decode matmul uses it only where asked
+//!   ([`GpuOptions::shader_f16`]).
 //! - Ops are recorded, not run: a whole forward goes into one compute pass, submitted when a result
 //!   is read back. [`Backend::read`] and [`Backend::argmax`] are the only waits.
 //! - The KV cache lives on the GPU, one `[capacity, kv_dim]` buffer per layer for K and for V, in
@@ -67,6 +68,11 @@ pub struct GpuOptions {
     pub matvec_threads: Option<u32>,
     /// How the KV cache stores K and V (f16 by default).
     pub kv_cache: KvCache,
+    /// Decode weights and multiply them by the activations in f16 in the matmul of a decode,
+    /// verification or tree step (`shader-f16`; the sums stay f32); opening fails on an adapter
+    /// without it. Off by default: its results round differently from f32's, within the golden
+    /// tolerances, and it has not yet been timed on a GPU (on lavapipe it is slower).
+    pub shader_f16: bool,
 }
 
 /// A row-major `[rows, cols]` f32 matrix on the GPU.
@@ -121,11 +127,15 @@ pub struct GpuBackend {
     /// Threads per `matmul_rows` workgroup; see [`GpuOptions::matvec_threads`].
     matvec_threads: u32,
     kv_cache: KvCache,
+    /// The decode matmul's arithmetic type, f32 or f16; see [`GpuOptions::shader_f16`].
+    arithmetic: &'static str,
+    /// Whether the adapter offers `shader-f16`, used or not.
+    f16_offered: bool,
 }
 
 impl GpuBackend {
     pub async fn new(opts: GpuOptions) -> Result<GpuBackend> {
-        let (info, device, queue) = device::open(&opts).await?;
+        let (info, offered, device, queue) = device::open(&opts).await?;
         let cpu_adapter = info.device_type == wgpu::DeviceType::Cpu;
         let attention_split = attention::split_slots(opts.attention_split, cpu_adapter);
         let fixed_subgroup = (info.subgroup_min_size == info.subgroup_max_size).then_some(info.subgroup_min_size);
@@ -148,6 +158,8 @@ impl GpuBackend {
             attention_split,
             matvec_threads,
             kv_cache: opts.kv_cache,
+            arithmetic: if opts.shader_f16 { "f16" } else { "f32" },
+            f16_offered: offered.contains(wgpu::Features::SHADER_F16),
         })
     }
 
@@ -159,6 +171,17 @@ impl GpuBackend {
     /// declined), rather than through workgroup memory alone.
     pub fn subgroups(&self) -> bool {
         self.device.features().contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// Whether the decode matmul decodes and multiplies in f16 ([`GpuOptions::shader_f16`]).
+    pub fn shader_f16(&self) -> bool {
+        self.arithmetic == "f16"
+    }
+
+    /// Whether the adapter offers `shader-f16`, so that a backend opened on it with
+    /// [`GpuOptions::shader_f16`] would open.
+    pub fn f16_offered(&self) -> bool {
+        self.f16_offered
     }
 
     /// The name of every kernel built so far, with the values its placeholders were given.
@@ -223,7 +246,12 @@ impl Backend for GpuBackend {
 
     fn name(&self) -> String {
         // Browsers may withhold the adapter's name.
-        let sums = if self.subgroups() { ", subgroups" } else { "" };
+        let sums = match (self.subgroups(), self.shader_f16()) {
+            (false, false) => "",
+            (true, false) => ", subgroups",
+            (false, true) => ", f16",
+            (true, true) => ", subgroups, f16",
+        };
         match self.info.name.as_str() {
             "" => format!("gpu ({:?}{sums})", self.info.backend),
             name => format!("gpu ({name}, {:?}{sums})", self.info.backend),

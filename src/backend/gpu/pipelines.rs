@@ -1,6 +1,7 @@
 //! WGSL sources and the cache of compute pipelines built from them. A source may hold `{{NAME}}`
 //! placeholders (the weight type, tile sizes, a function written for the device's features) that
-//! are filled in when a pipeline is first needed, so that one kernel serves every variant.
+//! are filled in when a pipeline is first needed, so that one kernel serves every variant. A
+//! kernel whose arithmetic type `F` is `f16` is built with the `f16` extension enabled.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -13,11 +14,12 @@ pub(super) struct Shader {
     name: &'static str,
     source: &'static str,
     /// Sources of shared functions prepended to it: the weight decoders, the gating function, the
-    /// order keys of values.
+    /// order keys of values, the decode matmul's units.
     includes: &'static [&'static str],
 }
 
 const DEQUANT: &str = include_str!("../../../shaders/dequant.wgsl");
+const UNITS: &str = include_str!("../../../shaders/units.wgsl");
 const GATE: &str = include_str!("../../../shaders/gate.wgsl");
 const ORDER: &str = include_str!("../../../shaders/order.wgsl");
 const WORKGROUP_SUM: &str = include_str!("../../../shaders/workgroup_sum.wgsl");
@@ -38,7 +40,7 @@ const SNIPPETS: [(&str, &str); 9] = [
 ];
 
 pub(super) const MATMUL: Shader =
-    Shader { name: "matmul", source: include_str!("../../../shaders/matmul.wgsl"), includes: &[DEQUANT, GATE] };
+    Shader { name: "matmul", source: include_str!("../../../shaders/matmul.wgsl"), includes: &[DEQUANT, UNITS, GATE] };
 pub(super) const EMBED: Shader = Shader { name: "embed", source: include_str!("../../../shaders/embed.wgsl"), includes: &[DEQUANT] };
 pub(super) const NORM: Shader = Shader { name: "norm", source: include_str!("../../../shaders/norm.wgsl"), includes: &[] };
 pub(super) const ROPE: Shader = Shader { name: "rope", source: include_str!("../../../shaders/rope.wgsl"), includes: &[] };
@@ -81,7 +83,9 @@ impl Pipelines {
         if let Some(k) = self.cache.lock().unwrap().get(&name) {
             return Ok(k.clone());
         }
-        let mut src: String = shader.includes.iter().chain([&shader.source]).flat_map(|s| [s, "\n"]).collect();
+        // WGSL wants its extensions enabled before any declaration.
+        let enable = if vars.contains(&("F", "f16")) { "enable f16;\n" } else { "" };
+        let mut src: String = [enable].iter().chain(shader.includes).chain([&shader.source]).flat_map(|s| [s, "\n"]).collect();
         for (k, v) in vars {
             let text = SNIPPETS.iter().find(|(name, _)| name == v).map_or(*v, |(_, text)| *text);
             src = src.replace(&format!("{{{{{k}}}}}"), text);

@@ -128,14 +128,17 @@ pub fn bench(args: &BenchKernelsArgs) -> Result<()> {
                 return Err(Error::InvalidArgument("--kernels names CPU kernel sets: use it with --backend cpu".into()));
             }
             // Every path the kernels can take on this adapter, one after the other: with subgroups
-            // (where it has them) and through workgroup memory alone.
+            // (where it has them), through workgroup memory alone, and with f16 arithmetic (where
+            // it offers it and the options did not already ask for it).
             let opts = BenchOptions { kv_bytes: args.device.kv_cache.bytes(), ..opts };
             let gpu = args.device.open_gpu()?;
+            let (subgroups, f16) = (gpu.subgroups(), gpu.f16_offered() && !gpu.shader_f16());
             let mut runs = vec![(saguaro::backend::Backend::name(&gpu), block_on(bench_kernels(&gpu, &opts))?)];
-            if gpu.subgroups() {
-                drop(gpu);
-                let plain = args.device.open_gpu_with(GpuOptions { no_subgroups: true, ..Default::default() })?;
-                runs.push((saguaro::backend::Backend::name(&plain), block_on(bench_kernels(&plain, &opts))?));
+            drop(gpu);
+            let others = [(subgroups, GpuOptions { no_subgroups: true, ..Default::default() }), (f16, GpuOptions { shader_f16: true, ..Default::default() })];
+            for (_, other) in others.into_iter().filter(|(wanted, _)| *wanted) {
+                let gpu = args.device.open_gpu_with(other)?;
+                runs.push((saguaro::backend::Backend::name(&gpu), block_on(bench_kernels(&gpu, &opts))?));
             }
             runs
         }

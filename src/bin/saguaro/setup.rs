@@ -114,6 +114,12 @@ pub struct DeviceArgs {
     /// or f32. A CPU model's cache is f32.
     #[arg(long, default_value = "f16")]
     pub kv_cache: KvCache,
+    /// Decode weights and multiply them in f16 in the GPU matmul of a decode, verification or
+    /// tree step, adding up in f32 (the adapter must offer `shader-f16`; `saguaro devices` lists
+    /// its features). Off by default: it rounds differently from f32 (within the golden
+    /// tolerances) and is slower on lavapipe; `bench-kernels --backend gpu` times both.
+    #[arg(long)]
+    pub shader_f16: bool,
 }
 
 impl DeviceArgs {
@@ -128,6 +134,7 @@ impl DeviceArgs {
             attention_split: self.attention_split,
             matvec_threads: self.matvec_threads,
             kv_cache: self.kv_cache,
+            shader_f16: self.shader_f16 || opts.shader_f16,
             ..opts
         }))
     }
@@ -292,6 +299,7 @@ impl EngineArgs {
                 attention_split: self.device.attention_split,
                 matvec_threads: self.device.matvec_threads,
                 kv_cache: self.device.kv_cache,
+                shader_f16: self.device.shader_f16,
             },
         }
     }
