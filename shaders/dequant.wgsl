@@ -23,6 +23,17 @@ fn wword(o: u32) -> u32 {
     return (lo >> s) | (wq[(o >> 2u) + 1u] << (32u - s));
 }
 
+// Eight bytes at any byte offset, as two words: three loads where two `wword`s would take four.
+fn wword2(o: u32) -> vec2<u32> {
+    let a = o >> 2u;
+    let w = vec3<u32>(wq[a], wq[a + 1u], wq[a + 2u]);
+    let s = (o & 3u) << 3u;
+    if (s == 0u) {
+        return w.xy;
+    }
+    return (w.xy >> vec2<u32>(s)) | (w.yz << vec2<u32>(32u - s));
+}
+
 // The f16 at an even byte offset.
 fn whalf(o: u32) -> f32 {
     return unpack2x16float(wq[o >> 2u] >> ((o & 2u) << 3u)).x;

@@ -2,7 +2,7 @@
 // from its storage type (dequant.wgsl, units.wgsl).
 //
 // `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its WG
-// threads split K a unit at a time (units.wgsl: 16 values of a K-quant row, 8 of a 4- or 5-bit
+// threads split K a unit at a time (units.wgsl: 16 values of a K-quant row or of a 4- or 5-bit
 // 32-value block, 4 of Q8_0 or a float row), and each weight value, decoded once, is used for
 // all MT rows (each activation value loaded, for all NR rows). Weights are decoded and multiplied
 // in F (f32, or f16 where the device has `shader-f16` and was asked to use it), each four

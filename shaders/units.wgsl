@@ -46,62 +46,69 @@ fn wquad_4(n: Unit, v: u32) -> vec4<F> {
     return vec4<F>(wload4_{{DTYPE}}(n.w.x, n.w.y));
 }
 
-// 4- and 5-bit 32-value-block types: unit `i` of a block (4 units) takes the word at byte 4i of
-// the block's quants, whose low nibbles are values 4i..4i+3 and high nibbles 4i+16..4i+19. So the
-// block's scale fields (and Q5's word of fifth bits) are read once for eight values, and the four
-// units of a block lie side by side in its bytes, as the lanes that take them do. Q8_0, with one
-// value a byte, gains nothing from it and keeps four-value units (docs/measurements.md, "Where a
-// decode's time goes, and vector loads of the activations").
-const UV_q4_0: u32 = 2u;
-const UV_q4_1: u32 = 2u;
-const UV_q5_0: u32 = 2u;
-const UV_q5_1: u32 = 2u;
+// 4- and 5-bit 32-value-block types: unit `i` of a block (2 units) takes the two words at byte 8i
+// of the block's quants, whose low nibbles are values 8i..8i+7 and high nibbles 8i+16..8i+23. So
+// the block's scale fields (and Q5's word of fifth bits) are read once for sixteen values, and
+// the two units of a block lie side by side in its bytes, as the lanes that take them do. Q8_0,
+// with one value a byte, gains nothing from it and keeps four-value units (docs/measurements.md,
+// "Where a decode's time goes, and vector loads of the activations").
+const UV_q4_0: u32 = 4u;
+const UV_q4_1: u32 = 4u;
+const UV_q5_0: u32 = 4u;
+const UV_q5_1: u32 = 4u;
 
+// Vec4 `v` of a unit: the low (v < 2) or high nibbles of its word v % 2.
 fn xunit_b32(u: u32) -> vec4<u32> {
-    let c = (u >> 2u) * 32u + 4u * (u & 3u);
-    return vec4<u32>(c, c + 16u, 0u, 0u);
+    let c = (u >> 1u) * 32u + 8u * (u & 1u);
+    return vec4<u32>(c, c + 4u, c + 16u, c + 20u);
 }
 
-// The byte offset of unit `u`'s block and its quants' word offset in the block, for a row whose
+// The byte offset of unit `u`'s block and its quants' byte offset in the block, for a row whose
 // first element is `e0`.
 fn b32_at(e0: u32, u: u32, block_bytes: u32) -> vec2<u32> {
-    return vec2<u32>(((e0 >> 5u) + (u >> 2u)) * block_bytes, 4u * (u & 3u));
+    return vec2<u32>(((e0 >> 5u) + (u >> 1u)) * block_bytes, 8u * (u & 1u));
+}
+
+fn nibbles_b32(n: Unit, v: u32) -> vec4<u32> {
+    return nibbles4(n.w[v & 1u], v >> 1u);
 }
 
 fn wunit_q4_0(e0: u32, u: u32, k: u32) -> Unit {
     let b = b32_at(e0, u, 18u);
-    return Unit(vec3<u32>(wword(b.x + 2u + b.y), 0u, 0u), 0u, vec4<F>(F(whalf(b.x))), vec4<F>());
+    return Unit(vec3<u32>(wword2(b.x + 2u + b.y), 0u), 0u, vec4<F>(F(whalf(b.x))), vec4<F>());
 }
 
 fn wquad_q4_0(n: Unit, v: u32) -> vec4<F> {
-    return (vec4<F>(nibbles4(n.w.x, v)) - 8.0) * n.d[v];
+    return (vec4<F>(nibbles_b32(n, v)) - 8.0) * n.d[v];
 }
 
 fn wunit_q4_1(e0: u32, u: u32, k: u32) -> Unit {
     let b = b32_at(e0, u, 20u);
     let dm = unpack2x16float(wq[b.x >> 2u]);
-    return Unit(vec3<u32>(wq[(b.x + 4u + b.y) >> 2u], 0u, 0u), 0u, vec4<F>(F(dm.x)), vec4<F>(F(dm.y)));
+    let at = (b.x + 4u + b.y) >> 2u;
+    return Unit(vec3<u32>(wq[at], wq[at + 1u], 0u), 0u, vec4<F>(F(dm.x)), vec4<F>(F(dm.y)));
 }
 
 fn wquad_q4_1(n: Unit, v: u32) -> vec4<F> {
-    return vec4<F>(nibbles4(n.w.x, v)) * n.d[v] + n.m[v];
+    return vec4<F>(nibbles_b32(n, v)) * n.d[v] + n.m[v];
 }
 
-// Q5_0 and Q5_1 keep the unit's eight fifth bits at bits 0-3 and 16-19 of `w.y`.
+// Q5_0 and Q5_1 keep the unit's sixteen fifth bits at bits 0-7 and 16-23 of `w.z`.
 fn wunit_q5_0(e0: u32, u: u32, k: u32) -> Unit {
     let b = b32_at(e0, u, 22u);
     let d = whalf(b.x);
-    return Unit(vec3<u32>(wword(b.x + 6u + b.y), wword(b.x + 2u) >> b.y, 0u), 0u, vec4<F>(F(d)), vec4<F>(F(-16.0 * d)));
+    return Unit(vec3<u32>(wword2(b.x + 6u + b.y), wword(b.x + 2u) >> b.y), 0u, vec4<F>(F(d)), vec4<F>(F(-16.0 * d)));
 }
 
 fn wunit_q5_1(e0: u32, u: u32, k: u32) -> Unit {
     let b = b32_at(e0, u, 24u);
     let dm = unpack2x16float(wq[b.x >> 2u]);
-    return Unit(vec3<u32>(wq[(b.x + 8u + b.y) >> 2u], wq[(b.x + 4u) >> 2u] >> b.y, 0u), 0u, vec4<F>(F(dm.x)), vec4<F>(F(dm.y)));
+    let at = (b.x + 8u + b.y) >> 2u;
+    return Unit(vec3<u32>(wq[at], wq[at + 1u], wq[(b.x + 4u) >> 2u] >> b.y), 0u, vec4<F>(F(dm.x)), vec4<F>(F(dm.y)));
 }
 
 fn wquad_q5_0(n: Unit, v: u32) -> vec4<F> {
-    return vec4<F>(nibbles4(n.w.x, v) + high_bits4(n.w.y, 16u * v)) * n.d[v] + n.m[v];
+    return vec4<F>(nibbles_b32(n, v) + high_bits4(n.w.z, 4u * (v & 1u) + 16u * (v >> 1u))) * n.d[v] + n.m[v];
 }
 
 fn wquad_q5_1(n: Unit, v: u32) -> vec4<F> {

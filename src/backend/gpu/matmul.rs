@@ -69,8 +69,9 @@ pub(super) fn matvec_threads(asked: Option<u32>, cpu_adapter: bool, fixed_subgro
 
 /// The unit in which `matmul_rows` takes a weight row (units.wgsl): 16 values of a K-quant
 /// block, whose scales are decoded once for them (on lavapipe Q4_K's matvec takes 0.6x the time of
-/// four-value units); 8 values of a 4- or 5-bit 32-value block, the low and high nibbles of one
-/// word, its scale fields read once; four values of Q8_0 and the float types, where larger units
+/// four-value units); 16 values of a 4- or 5-bit 32-value block, the low and high nibbles of two
+/// words, its scale fields read once (1.1-1.15x faster there than 8 values from one word); four
+/// values of Q8_0 and the float types, where larger units
 /// gained nothing there (docs/measurements.md, "Units of the decode matmul" and "Where a decode's
 /// time goes, and vector loads of the activations").
 fn unit(dtype: DType) -> &'static str {
