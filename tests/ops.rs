@@ -126,8 +126,9 @@ mod gpu_widths {
 }
 
 /// The decode matmul with f16 arithmetic, where the adapter offers `shader-f16`: within the
-/// error f16 rounding allows, and a verification's rows, weights loaded together and fused
-/// epilogues with the bits of its decodes, separate weights and separate ops as before.
+/// error f16 rounding allows, and weights loaded together and fused epilogues with the bits of
+/// separate weights and separate ops, as in f32 (that a verification's rows keep its decodes'
+/// bits, tests/gpu_models.rs checks through greedy speculation).
 fn gpu_f16() -> Option<&'static GpuBackend> {
     use std::sync::OnceLock;
     static F16: OnceLock<Option<GpuBackend>> = OnceLock::new();

@@ -82,10 +82,10 @@ async fn pick_adapter(opts: &GpuOptions) -> Result<wgpu::Adapter> {
 }
 
 /// The device with the adapter's own limits (the defaults are far smaller: 128 MiB bindings
-/// matter for weights), subgroups where [`subgroups_exact`] allows them (unless `opts` says
-/// not to) and `shader-f16` where `opts` asks for it; every kernel also runs on plain WebGPU. (wgpu's browser backend offers no subgroups
-/// yet.)
-/// Also returns the features the adapter offers, asked for or not.
+/// matter for weights), subgroups where [`subgroups_exact`] allows them (unless `opts` says not
+/// to) and `shader-f16` where `opts` asks for it; every kernel also runs on plain WebGPU. (wgpu's
+/// browser backend offers no subgroups yet.) Also returns the features the adapter offers, asked
+/// for or not.
 pub(super) async fn open(opts: &GpuOptions) -> Result<(wgpu::AdapterInfo, wgpu::Features, wgpu::Device, wgpu::Queue)> {
     let adapter = pick_adapter(opts).await?;
     let info = adapter.get_info();
