@@ -5,7 +5,8 @@
 // real 135M model): the draft is the target's weights at 4 bits instead of 8, so that it proposes
 // the target's tokens often but not always.
 // Greedy SD and SSD equal AR on the target on WebGPU and on the CPU; sampled SSD repeats itself
-// with a seed; the draft's speculation overlaps the target's verification.
+// with a seed; the draft's speculation overlaps the target's verification; `shaderF16` runs where the
+// adapter offers it and fails cleanly where it does not.
 // Usage: node tests/web/gpu.mjs   (after scripts/build-web.sh and cargo build --release --bin saguaro)
 import { execFileSync } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
@@ -63,6 +64,30 @@ try {
     check(r.sampled[0].length === sampledN && JSON.stringify(r.sampled[0]) === JSON.stringify(r.sampled[1]),
       `target ${backend}: sampled SSD with a seed repeats itself`);
   }
+  // f16 arithmetic runs where the browser's adapter offers 'shader-f16'; elsewhere (SwiftShader)
+  // the load fails with 'gpu_error', and the page goes on loading and running models.
+  const f16 = await page.evaluate(async (dir) => {
+    const { Saguaro } = await import('/pkg/index.js');
+    const offered = (await navigator.gpu.requestAdapter())?.features.has('shader-f16') ?? false;
+    const run = async (opts) => {
+      const e = await Saguaro.load({ target: `/${dir}/target.gguf` }, { backend: 'gpu', modes: ['ar'], cache: false, ...opts });
+      try {
+        return (await e.generate('The quick brown fox', { mode: 'ar', maxTokens: 4 })).tokens.length;
+      } finally {
+        await e.dispose();
+      }
+    };
+    let tokens = null, code = null;
+    try {
+      tokens = await run({ shaderF16: true });
+    } catch (err) {
+      code = err.code;
+    }
+    return { offered, tokens, code, after: await run({}) };
+  }, dir);
+  check(f16.offered ? f16.tokens === 4 : f16.code === 'gpu_error',
+    `shaderF16: ${f16.offered ? 'runs on an adapter with shader-f16' : "'gpu_error' on an adapter without shader-f16"} (${JSON.stringify(f16)})`);
+  check(f16.after === 4, 'a model loads and runs on WebGPU after that');
   console.log('gpu: all passed');
 } finally {
   await close();

@@ -95,7 +95,9 @@ pub(super) async fn open(opts: &GpuOptions) -> Result<(wgpu::AdapterInfo, wgpu::
     };
     if opts.shader_f16 {
         if !adapter.features().contains(wgpu::Features::SHADER_F16) {
-            return Err(Error::Gpu(format!("{} does not offer shader-f16: open it without f16 arithmetic", info.name)));
+            // Browsers may withhold the adapter's name.
+            let adapter = if info.name.is_empty() { "the GPU adapter" } else { &info.name };
+            return Err(Error::Gpu(format!("{adapter} does not offer shader-f16: load without f16 arithmetic (shaderF16, --shader-f16)")));
         }
         wanted |= wgpu::Features::SHADER_F16;
     }
