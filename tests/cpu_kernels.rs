@@ -62,9 +62,10 @@ fn check_weights(dtype: DType, precision: Precision, pool: &CpuPool, make: impl 
     let mut rng = TestRng::new(dtype.block_bytes() as u64 * 7919 + 1);
     let sets = simd_sets();
     let n = 37;
-    // Odd block counts; float rows also get lengths that leave a SIMD tail.
+    // Odd block counts; float rows also get lengths that leave a SIMD tail, and one longer than the
+    // float kernels' tile of K (1,024 values), which a batch of more than six rows takes in turns.
     let ks: Vec<usize> = match dtype.block_size() {
-        1 => vec![43, 117],
+        1 => vec![43, 117, 1100],
         bs => vec![3 * bs, 5 * bs],
     };
     for k in ks {

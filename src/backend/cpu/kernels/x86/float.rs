@@ -20,23 +20,85 @@ unsafe fn float8<F: Float>(w: *const u8, j: usize) -> __m256 {
     }
 }
 
+/// How many sums each row's dot runs side by side: the eight values from `8 c` on go to sum
+/// `c % CHAINS`, each sum gathering its vectors in the order of `c`, and the sums meet at the end.
+/// With one sum a row's fused multiply-adds waited out each other's latency, which held a decode
+/// row of float weights to well under the rate its loads allow. Two rather than four so that six
+/// rows' sums fit in registers (see [`GROUP`]): four sped a decode row further but slowed a batch
+/// of five or nine rows. Every batch size keeps the same sums, so a row gets the same bits in any
+/// batch.
+const CHAINS: usize = 2;
+
+/// Activation rows whose sums stay in registers while a vector of weights is applied to them:
+/// their 12 sums, the weights and an activation vector fit AVX2's 16 registers.
+const GROUP: usize = 6;
+
+/// Eight-value vectors of K taken by every group of rows in turn when there are more rows than a
+/// [`GROUP`]: 1,024 values, whose weights are read again from L1 for the next group.
+const TILE_VECTORS: usize = 128;
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float_rows<F: Float, const R: usize>(w: &[u8], x: &[f32], out: &mut [f32]) {
     let k = w.len() / F::BYTES;
     debug_assert_eq!(x.len(), R * k);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let main = k / 8 * 8;
-    for c in 0..k / 8 {
-        let wv = float8::<F>(w.as_ptr(), 8 * c);
-        for i in 0..R {
-            acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i * k + 8 * c)), acc[i]);
+    let vectors = k / 8;
+    let mut acc = [[_mm256_setzero_ps(); CHAINS]; R];
+    let tile = if R <= GROUP { vectors.max(1) } else { TILE_VECTORS };
+    for t0 in (0..vectors).step_by(tile) {
+        let t = t0..(t0 + tile).min(vectors);
+        for g0 in (0..R).step_by(GROUP) {
+            let (xg, accg) = (x.as_ptr().add(g0 * k), &mut acc[g0..]);
+            macro_rules! group {
+                ($($n:literal)*) => {
+                    match (R - g0).min(GROUP) {
+                        $($n => float_group::<F, $n>(w.as_ptr(), xg, k, t.clone(), accg),)*
+                        _ => unreachable!("a group holds 1..=GROUP rows"),
+                    }
+                };
+            }
+            group!(1 2 3 4 5 6);
         }
     }
-    for i in 0..R {
-        let tail: f32 = (main..k).map(|j| F::value(w, j) * x[i * k + j]).sum();
-        out[i] = hsum(acc[i]) + tail;
+    for (i, acc) in acc.iter().enumerate() {
+        let sum = _mm256_add_ps(acc[0], acc[1]);
+        let tail: f32 = (8 * vectors..k).map(|j| F::value(w, j) * x[i * k + j]).sum();
+        out[i] = hsum(sum) + tail;
     }
+}
+
+/// Adds vectors `t` of weight row `w` times those of the `G` activation rows from `x` (rows of
+/// `k`) to the first `G` rows' sums of `acc`, held in registers meanwhile.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float_group<F: Float, const G: usize>(
+    w: *const u8,
+    x: *const f32,
+    k: usize,
+    t: std::ops::Range<usize>,
+    acc: &mut [[__m256; CHAINS]],
+) {
+    debug_assert!(t.start.is_multiple_of(CHAINS));
+    let mut sums: [[__m256; CHAINS]; G] = std::array::from_fn(|i| acc[i]);
+    let mut step = |c: usize, u: usize| {
+        let wv = float8::<F>(w, 8 * c);
+        for (i, sums) in sums.iter_mut().enumerate() {
+            sums[u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.add(i * k + 8 * c)), sums[u]);
+        }
+    };
+    let mut c = t.start;
+    while c + CHAINS <= t.end {
+        for u in 0..CHAINS {
+            step(c + u, u);
+        }
+        c += CHAINS;
+    }
+    for u in 0..CHAINS {
+        if c + u < t.end {
+            step(c + u, u);
+        }
+    }
+    acc[..G].copy_from_slice(&sums);
 }
 
 /// The dots of `R` query rows (`q`, back to back) with the key of each of `slots` (key `t` is
