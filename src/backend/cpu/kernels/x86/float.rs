@@ -30,7 +30,7 @@ unsafe fn float8<F: Float>(w: *const u8, j: usize) -> __m256 {
 const CHAINS: usize = 2;
 
 /// Activation rows whose sums stay in registers while a vector of weights is applied to them:
-/// their 12 sums, the weights and an activation vector fit AVX2's 16 registers.
+/// their `GROUP * CHAINS` sums, the weights and an activation vector fit AVX2's 16 registers.
 const GROUP: usize = 6;
 
 /// Eight-value vectors of K taken by every group of rows in turn when there are more rows than a
@@ -61,7 +61,7 @@ unsafe fn float_rows<F: Float, const R: usize>(w: &[u8], x: &[f32], out: &mut [f
         }
     }
     for (i, acc) in acc.iter().enumerate() {
-        let sum = _mm256_add_ps(acc[0], acc[1]);
+        let sum = acc[1..].iter().fold(acc[0], |s, &a| _mm256_add_ps(s, a));
         let tail: f32 = (8 * vectors..k).map(|j| F::value(w, j) * x[i * k + j]).sum();
         out[i] = hsum(sum) + tail;
     }
