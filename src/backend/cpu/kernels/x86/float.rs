@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::super::*;
-use super::hsum;
+use super::{hsum, prefetch, PREFETCH_AHEAD};
 /// Eight weights from element `j` on, as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -88,6 +88,7 @@ unsafe fn float_group<F: Float, const G: usize>(
     };
     let mut c = t.start;
     while c + CHAINS <= t.end {
+        prefetch(w.add(8 * c * F::BYTES).wrapping_add(PREFETCH_AHEAD), 8 * CHAINS * F::BYTES);
         for u in 0..CHAINS {
             step(c + u, u);
         }

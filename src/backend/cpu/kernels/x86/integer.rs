@@ -55,6 +55,21 @@ macro_rules! integer_kernels {
             unsafe fn dot_acc_one(w: Self::WK, q: *const Self, acc: Self::Acc) -> Self::Acc {
                 Self::dot_acc(w, q, acc)
             }
+            /// [`Dot::dot_acc`] (or [`Dot::dot_acc_one`] where `one_part`) of `W` weight rows' steps with the
+            /// same activations.
+            #[inline(always)]
+            unsafe fn dot_acc_rows<const W: usize>(
+                w: [Self::WK; W],
+                q: *const Self,
+                acc: [Self::Acc; W],
+                one_part: bool,
+            ) -> [Self::Acc; W] {
+                let mut acc = acc;
+                for k in 0..W {
+                    acc[k] = if one_part { Self::dot_acc_one(w[k], q, acc[k]) } else { Self::dot_acc(w[k], q, acc[k]) };
+                }
+                acc
+            }
             /// Eight partial sums of everything `acc` gathered, in f32.
             unsafe fn total(acc: Self::Acc) -> __m256;
             /// [`Dot::total`] of an `acc` that only [`Dot::dot_acc_one`] added to; the same where an
@@ -98,6 +113,15 @@ macro_rules! integer_kernels {
                 _mm256_cvtepi32_ps($dpbusd(_mm256_setzero_si256(), self.v, q))
             }
         }
+
+        /// Whether the K-quant kernel takes weight rows two at a time when it has several activation rows,
+        /// each activation load serving both: with 32 vector registers the second weight row's sums fit
+        /// beside the first's (at 16 bits, 1,536 x 8,960 on a Zen 5, one thread: 17% less time at three
+        /// activation rows, 12% at five, 10-18% at nine). With 16 they spill from two activation rows on
+        /// (AVX2 9-12% slower). A decode keeps one weight row: it waits on memory, and two short rows at
+        /// once read as two streams where one long one runs on (Q4_K 8,960 x 1,536 from memory 1.8x
+        /// slower).
+        const PAIRS: bool = super::integer::integer_kernels!(@pairs $width);
 
         super::integer::integer_kernels!(@i8 $width, $features, $dpwssd, $dpbusd);
         super::integer::integer_kernels!(@i16 $width, $features, $dpwssd);
@@ -174,22 +198,31 @@ macro_rules! integer_kernels {
             ahead: usize,
             acc: &mut [[__m256; R]],
         ) {
-            for (j, acc) in acc.iter_mut().enumerate() {
-                *acc = qk_blocks::<F, T, R>(w.add(j * row_bytes), x, nb, blocks.clone(), ahead, *acc);
+            let mut j = 0;
+            if PAIRS && R > 1 {
+                while j + 2 <= acc.len() {
+                    let rows = [w.add(j * row_bytes), w.add((j + 1) * row_bytes)];
+                    [acc[j], acc[j + 1]] = qk_blocks::<F, T, R, 2>(rows, x, nb, blocks.clone(), ahead, [acc[j], acc[j + 1]]);
+                    j += 2;
+                }
+            }
+            for j in j..acc.len() {
+                [acc[j]] = qk_blocks::<F, T, R, 1>([w.add(j * row_bytes)], x, nb, blocks.clone(), ahead, [acc[j]]);
             }
         }
 
-        /// `acc` plus blocks `blocks` of weight row `w` dotted with each of the `R` activation rows.
+        /// `acc[k]` plus blocks `blocks` of weight row `w[k]` dotted with each of the `R` activation rows,
+        /// for `W` weight rows side by side: each activation load then serves `W` rows.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn qk_blocks<F: BlockK, T: Dot, const R: usize>(
-            w: *const u8,
+        unsafe fn qk_blocks<F: BlockK, T: Dot, const R: usize, const W: usize>(
+            w: [*const u8; W],
             x: &[ActK<T>],
             nb: usize,
             blocks: std::ops::Range<usize>,
             ahead: usize,
-            mut acc: [__m256; R],
-        ) -> [__m256; R] {
+            mut acc: [[__m256; R]; W],
+        ) -> [[__m256; R]; W] {
             // Q6_K's values less their offset where the activations' type allows it.
             let less32 = F::SIX && T::LESS32;
             let max_w = F::max_product(less32);
@@ -203,35 +236,49 @@ macro_rules! integer_kernels {
             // 4 or 8 chunks in one part.
             debug_assert!(span.is_multiple_of(T::STEP) && (T::STEP == 1 || one_part));
             for b in blocks {
-                let p = w.add(b * F::BYTES);
-                prefetch(p.wrapping_add(ahead), F::BYTES);
-                let s = scales::<F>(p);
-                let mut sums = [T::ZERO; R];
-                let mut sc = scale_bytes::<F>(p, s);
+                let mut p = w;
+                for p in &mut p {
+                    *p = p.add(b * F::BYTES);
+                    prefetch(p.wrapping_add(ahead), F::BYTES);
+                }
+                let mut s = [scales::<F>(p[0]); W];
+                let mut sc = [scale_bytes::<F>(p[0], s[0]); W];
+                for k in 1..W {
+                    s[k] = scales::<F>(p[k]);
+                    sc[k] = scale_bytes::<F>(p[k], s[k]);
+                }
+                let mut sums = [[T::ZERO; W]; R];
                 // Unrolled, so that each chunk's shifts and scale shuffles are constants.
                 chunks!(t => {
                     if t.is_multiple_of(T::STEP) {
-                        let v = T::weights_k::<F>(p, t, sc, less32);
+                        let mut v = [T::weights_k::<F>(p[0], t, sc[0], less32); W];
+                        for k in 1..W {
+                            v[k] = T::weights_k::<F>(p[k], t, sc[k], less32);
+                        }
                         for i in 0..R {
                             let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
-                            sums[i] = if one_part { T::dot_acc_one(v, q, sums[i]) } else { T::dot_acc(v, q, sums[i]) };
+                            sums[i] = T::dot_acc_rows(v, q, sums[i], one_part);
                             if R > 1 {
-                                sc = T::after(sc, &sums[i]);
+                                for k in 0..W {
+                                    sc[k] = T::after(sc[k], &sums[i][k]);
+                                }
                             }
                         }
                     }
                     if (t + 1).is_multiple_of(span) {
-                        // The offsets' term joins the block's last sums: a.d * (d * sums - dc * Σ c * bsums).
-                        let offsets = (t + 1 == QK_K / 32 && !less32).then(|| Offsets::new::<F>(p, s));
-                        for i in 0..R {
-                            let a = x.get_unchecked(i * nb + b);
-                            let total = if one_part { T::total_one(sums[i]) } else { T::total(sums[i]) };
-                            let ad = _mm256_broadcast_ss(&a.d);
-                            acc[i] = match offsets {
-                                Some(c) => _mm256_fmadd_ps(_mm256_fmsub_ps(total, scale_d(s), c.dot::<F, T>(a)), ad, acc[i]),
-                                None => _mm256_fmadd_ps(total, _mm256_mul_ps(scale_d(s), ad), acc[i]),
-                            };
-                            sums[i] = T::ZERO;
+                        for k in 0..W {
+                            // The offsets' term joins the block's last sums: a.d * (d * sums - dc * Σ c * bsums).
+                            let offsets = (t + 1 == QK_K / 32 && !less32).then(|| Offsets::new::<F>(p[k], s[k]));
+                            for i in 0..R {
+                                let a = x.get_unchecked(i * nb + b);
+                                let total = if one_part { T::total_one(sums[i][k]) } else { T::total(sums[i][k]) };
+                                let ad = _mm256_broadcast_ss(&a.d);
+                                acc[k][i] = match offsets {
+                                    Some(c) => _mm256_fmadd_ps(_mm256_fmsub_ps(total, scale_d(s[k]), c.dot::<F, T>(a)), ad, acc[k][i]),
+                                    None => _mm256_fmadd_ps(total, _mm256_mul_ps(scale_d(s[k]), ad), acc[k][i]),
+                                };
+                                sums[i][k] = T::ZERO;
+                            }
                         }
                     }
                 });
@@ -250,6 +297,12 @@ macro_rules! integer_kernels {
         }
 
         pub(crate) const KERNELS: Kernels = kernels!(q32, qk, I16_ORDER, |d| select!(float: d, float));
+    };
+    (@pairs narrow) => {
+        false
+    };
+    (@pairs wide) => {
+        true
     };
     (@i8 narrow, $features:literal, $dpwssd:path, $dpbusd:path) => {
         impl Dot for i8 {

@@ -46,7 +46,10 @@ fn hsum(v: __m256) -> f32 {
 
 /// How far ahead of the block being dotted the kernels ask for weights: at one activation row the
 /// decode is quick enough that the hardware prefetcher alone leaves the memory bus idle at times.
-const PREFETCH_AHEAD: usize = 2048;
+/// 8 KB covers the memory's latency at a decode's pace; at 2 KB a row of Q4_K 8,960 values long
+/// read from memory took 1.5x the time it takes in cache (one thread, Zen 5), where rows of 1,536
+/// did not: the hardware prefetcher follows a long stream of short rows, not a long row alone.
+const PREFETCH_AHEAD: usize = 8192;
 
 /// Asks for the cache lines of the `len` bytes at `p` (which need not be valid memory) to be loaded.
 #[inline]
@@ -293,8 +296,9 @@ macro_rules! chunks {
 /// back from L2 for every weight row, they bound the kernel by L2's bandwidth, not its arithmetic.
 const L1_ACTIVATIONS: usize = 24 << 10;
 
-/// Weight rows that take each tile of activations in turn.
-const TILE_ROWS: usize = 8;
+/// Weight rows that take each tile of activations in turn: 32 rather than 8 loads each tile into L1
+/// a quarter as often (2-4% less time for five and nine rows of 1,536 x 8,960 at 16 bits).
+const TILE_ROWS: usize = 32;
 
 /// `acc + Σ` pairs of i16 products, as `vpdpwssd` computes it, in two AVX2 instructions.
 #[inline]
