@@ -55,21 +55,6 @@ macro_rules! integer_kernels {
             unsafe fn dot_acc_one(w: Self::WK, q: *const Self, acc: Self::Acc) -> Self::Acc {
                 Self::dot_acc(w, q, acc)
             }
-            /// [`Dot::dot_acc`] (or [`Dot::dot_acc_one`] where `one_part`) of `W` weight rows' steps with the
-            /// same activations.
-            #[inline(always)]
-            unsafe fn dot_acc_rows<const W: usize>(
-                w: [Self::WK; W],
-                q: *const Self,
-                acc: [Self::Acc; W],
-                one_part: bool,
-            ) -> [Self::Acc; W] {
-                let mut acc = acc;
-                for k in 0..W {
-                    acc[k] = if one_part { Self::dot_acc_one(w[k], q, acc[k]) } else { Self::dot_acc(w[k], q, acc[k]) };
-                }
-                acc
-            }
             /// Eight partial sums of everything `acc` gathered, in f32.
             unsafe fn total(acc: Self::Acc) -> __m256;
             /// [`Dot::total`] of an `acc` that only [`Dot::dot_acc_one`] added to; the same where an
@@ -154,9 +139,9 @@ macro_rules! integer_kernels {
 
         /// The K-quant kernel over many weight rows (see [`RowsFn`]), [`TILE_ROWS`] at a time. With more
         /// than one activation row it runs over K in tiles that fit [`L1_ACTIVATIONS`], each tile taken by
-        /// every row of the group in turn (or pair of rows, see [`PAIRS`]), and prefetches weights two passes
-        /// below, which it reads a little later. A row's sums still gather block after block in one order, so results do not depend on
-        /// the tiling: a decode's and a batch's agree to the bit.
+        /// every row of the group in turn (or pair of rows, see [`PAIRS`]), and prefetches weights two
+        /// passes below, which it reads a little later. A row's sums still gather block after block in one
+        /// order, so results do not depend on the tiling: a decode's and a batch's agree to the bit.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn qk_rows<F: BlockK, T: Dot, const R: usize>(w: &[u8], x: &[ActK<T>], out: &mut [f32]) {
@@ -262,9 +247,10 @@ macro_rules! integer_kernels {
                         }
                         for i in 0..R {
                             let q = x.get_unchecked(i * nb + b).qs.as_ptr().add(32 * t);
-                            sums[i] = T::dot_acc_rows(v, q, sums[i], one_part);
-                            if R > 1 {
-                                for k in 0..W {
+                            for k in 0..W {
+                                let sum = sums[i][k];
+                                sums[i][k] = if one_part { T::dot_acc_one(v[k], q, sum) } else { T::dot_acc(v[k], q, sum) };
+                                if R > 1 {
                                     sc[k] = T::after(sc[k], &sums[i][k]);
                                 }
                             }
