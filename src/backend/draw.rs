@@ -118,6 +118,7 @@ impl Draw {
 
     /// The bytes a backend needs besides the rows, as u32 words: each row's asked-for column,
     /// `rows + 1` offsets into the q entries, their columns, then their probabilities' bits.
+    #[cfg(any(test, feature = "gpu"))]
     pub(crate) fn packed(&self) -> Vec<u32> {
         let rows = self.rows();
         let total: usize = self.minus.iter().map(SparseDist::len).sum();
