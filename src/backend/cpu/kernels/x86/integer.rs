@@ -15,7 +15,7 @@
 /// vectors, or `wide` on 512-bit ones (AVX-512 only), whose `dpwssd` then takes 512-bit vectors
 /// and `dpbusd` (for 32-value blocks) 256-bit ones.
 macro_rules! integer_kernels {
-    ($features:literal, dpwssd: $dpwssd:path, dpbusd: $dpbusd:path, width: $width:ident) => {
+    ($features:literal, dpwssd: $dpwssd:path, dpbusd: $dpbusd:path, width: $width:ident, pair_rows: $pair_rows:expr) => {
         use std::arch::x86_64::*;
 
         use super::float::float;
@@ -99,14 +99,19 @@ macro_rules! integer_kernels {
             }
         }
 
-        /// Whether the K-quant kernel takes weight rows two at a time when it has several activation rows,
-        /// each activation load serving both: with 32 vector registers the second weight row's sums fit
-        /// beside the first's (at 16 bits, 1,536 x 8,960 on a Zen 5, one thread: 17% less time at three
-        /// activation rows, 12% at five, 10-18% at nine). With 16 they spill from two activation rows on
-        /// (AVX2 9-12% slower). A decode keeps one weight row: it waits on memory, and two short rows at
-        /// once read as two streams where one long one runs on (Q4_K 8,960 x 1,536 from memory 1.8x
-        /// slower).
-        const PAIRS: bool = super::integer::integer_kernels!(@pairs $width);
+        /// Up to how many activation rows the K-quant kernel takes weight rows two at a time (from
+        /// two on), each activation load serving both. With 32 vector registers the second weight
+        /// row's sums fit beside the first's (at 16 bits, 1,536 x 8,960 on a Zen 5, one thread: 17%
+        /// less time at three activation rows, 12% at five, 10-18% at nine). With 16 they spill: AVX2
+        /// ran 9-12% slower from two rows on, AVX-VNNI faster up to three and slower from five. A
+        /// decode keeps one weight row: it waits on memory, and two short rows at once read as two
+        /// streams where one long one runs on (Q4_K 8,960 x 1,536 from memory 1.8x slower).
+        const PAIR_ROWS: usize = $pair_rows;
+
+        /// Whether `R` activation rows take weight rows in pairs (see [`PAIR_ROWS`]).
+        const fn pairs<const R: usize>() -> bool {
+            R > 1 && R <= PAIR_ROWS
+        }
 
         super::integer::integer_kernels!(@i8 $width, $features, $dpwssd, $dpbusd);
         super::integer::integer_kernels!(@i16 $width, $features, $dpwssd);
@@ -139,7 +144,7 @@ macro_rules! integer_kernels {
 
         /// The K-quant kernel over many weight rows (see [`RowsFn`]), [`TILE_ROWS`] at a time. With more
         /// than one activation row it runs over K in tiles that fit [`L1_ACTIVATIONS`], each tile taken by
-        /// every row of the group in turn (or pair of rows, see [`PAIRS`]), and prefetches weights two
+        /// every row of the group in turn (or pair of rows, see [`PAIR_ROWS`]), and prefetches weights two
         /// passes below, which it reads a little later. A row's sums still gather block after block in one
         /// order, so results do not depend on the tiling: a decode's and a batch's agree to the bit.
         #[inline]
@@ -155,7 +160,7 @@ macro_rules! integer_kernels {
             let tile = nb.div_ceil(tiles);
             // A tiled pass prefetches its tile two passes below: four rows where rows go in pairs (at two,
             // seven to nine rows of Q6_K 8960 x 1536 from memory took 1.2x the time of one row a pass).
-            let ahead = if tile == nb { PREFETCH_AHEAD } else if PAIRS { 4 * row_bytes } else { 2 * row_bytes };
+            let ahead = if tile == nb { PREFETCH_AHEAD } else if pairs::<R>() { 4 * row_bytes } else { 2 * row_bytes };
             for (wg, og) in w.chunks(TILE_ROWS * row_bytes).zip(out.chunks_mut(TILE_ROWS * R)) {
                 let mut acc = [[_mm256_setzero_ps(); R]; TILE_ROWS];
                 let acc = &mut acc[..wg.len() / row_bytes];
@@ -186,7 +191,7 @@ macro_rules! integer_kernels {
             acc: &mut [[__m256; R]],
         ) {
             let mut j = 0;
-            if PAIRS && R > 1 {
+            if pairs::<R>() {
                 while j + 2 <= acc.len() {
                     let rows = [w.add(j * row_bytes), w.add((j + 1) * row_bytes)];
                     [acc[j], acc[j + 1]] = qk_blocks::<F, T, R, 2>(rows, x, nb, blocks.clone(), ahead, [acc[j], acc[j + 1]]);
@@ -288,12 +293,6 @@ macro_rules! integer_kernels {
         }
 
         pub(crate) const KERNELS: Kernels = kernels!(q32, qk, I16_ORDER, |d| select!(float: d, float));
-    };
-    (@pairs narrow) => {
-        false
-    };
-    (@pairs wide) => {
-        true
     };
     (@i8 narrow, $features:literal, $dpwssd:path, $dpbusd:path) => {
         impl Dot for i8 {

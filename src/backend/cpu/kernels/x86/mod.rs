@@ -316,7 +316,7 @@ fn dpbusd_avx2(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 }
 
 pub(crate) mod avx2 {
-    super::integer::integer_kernels!("avx2,fma,f16c", dpwssd: dpwssd_avx2, dpbusd: dpbusd_avx2, width: narrow);
+    super::integer::integer_kernels!("avx2,fma,f16c", dpwssd: dpwssd_avx2, dpbusd: dpbusd_avx2, width: narrow, pair_rows: 0);
 }
 
 // The VNNI multiply-adds are written as `asm!`: with the intrinsics, LLVM's generic x86-64 tuning
@@ -356,7 +356,7 @@ multiply_add!(
 );
 
 pub(crate) mod avx_vnni {
-    super::integer::integer_kernels!("avx2,fma,f16c,avxvnni", dpwssd: dpwssd_vex, dpbusd: dpbusd_vex, width: narrow);
+    super::integer::integer_kernels!("avx2,fma,f16c,avxvnni", dpwssd: dpwssd_vex, dpbusd: dpbusd_vex, width: narrow, pair_rows: 3);
 }
 
 pub(crate) mod avx512_vnni {
@@ -364,7 +364,8 @@ pub(crate) mod avx512_vnni {
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         dpwssd: dpwssd_512,
         dpbusd: dpbusd_evex,
-        width: wide
+        width: wide,
+        pair_rows: MAX_ROWS
     );
 }
 
