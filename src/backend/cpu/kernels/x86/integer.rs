@@ -13,7 +13,8 @@
 /// Defines `KERNELS` for the set whose target features are `$features`, with its two
 /// multiply-adds (see the module doc) and the width of its K-quant dots: `narrow` on 256-bit
 /// vectors, or `wide` on 512-bit ones (AVX-512 only), whose `dpwssd` then takes 512-bit vectors
-/// and `dpbusd` (for 32-value blocks) 256-bit ones.
+/// and `dpbusd` (for 32-value blocks) 256-bit ones; and up to how many activation rows its
+/// K-quant kernel takes weight rows in pairs (`pair_rows`, see `PAIR_ROWS`).
 macro_rules! integer_kernels {
     ($features:literal, dpwssd: $dpwssd:path, dpbusd: $dpbusd:path, width: $width:ident, pair_rows: $pair_rows:expr) => {
         use std::arch::x86_64::*;
