@@ -39,6 +39,11 @@ macro_rules! integer_kernels {
             unsafe fn weights_k<F: BlockK>(p: *const u8, t: usize, sc: __m256i, less32: bool) -> Self::WK;
             /// Whether [`Dot::weights_k`] takes `less32`.
             const LESS32: bool;
+            /// Whether the K-quant kernel may take weight rows in pairs with this activation type (see
+            /// [`PAIR_ROWS`]): at 16 bits each activation load then serves two rows' multiply-adds; at
+            /// 8 bits, with half the loads to share, pairs measured even for Q4_K and 3-9% slower for
+            /// Q6_K at two and three rows (Zen 5, one thread, AVX-512 and AVX-VNNI sets alike).
+            const PAIRS: bool = false;
             /// Partial sums of a run of chunks, kept apart until [`Dot::total`] where that saves adds.
             type Acc: Copy;
             const ZERO: Self::Acc;
@@ -109,9 +114,9 @@ macro_rules! integer_kernels {
         /// streams where one long one runs on (Q4_K 8,960 x 1,536 from memory 1.8x slower).
         const PAIR_ROWS: usize = $pair_rows;
 
-        /// Whether `R` activation rows take weight rows in pairs (see [`PAIR_ROWS`]).
-        const fn pairs<const R: usize>() -> bool {
-            R > 1 && R <= PAIR_ROWS
+        /// Whether `R` activation rows of type `T` take weight rows in pairs (see [`PAIR_ROWS`]).
+        const fn pairs<T: Dot, const R: usize>() -> bool {
+            T::PAIRS && R > 1 && R <= PAIR_ROWS
         }
 
         super::integer::integer_kernels!(@i8 $width, $features, $dpwssd, $dpbusd);
@@ -161,7 +166,7 @@ macro_rules! integer_kernels {
             let tile = nb.div_ceil(tiles);
             // A tiled pass prefetches its tile two passes below: four rows where rows go in pairs (at two,
             // seven to nine rows of Q6_K 8960 x 1536 from memory took 1.2x the time of one row a pass).
-            let ahead = if tile == nb { PREFETCH_AHEAD } else if pairs::<R>() { 4 * row_bytes } else { 2 * row_bytes };
+            let ahead = if tile == nb { PREFETCH_AHEAD } else if pairs::<T, R>() { 4 * row_bytes } else { 2 * row_bytes };
             for (wg, og) in w.chunks(TILE_ROWS * row_bytes).zip(out.chunks_mut(TILE_ROWS * R)) {
                 let mut acc = [[_mm256_setzero_ps(); R]; TILE_ROWS];
                 let acc = &mut acc[..wg.len() / row_bytes];
@@ -192,7 +197,7 @@ macro_rules! integer_kernels {
             acc: &mut [[__m256; R]],
         ) {
             let mut j = 0;
-            if pairs::<R>() {
+            if pairs::<T, R>() {
                 while j + 2 <= acc.len() {
                     let rows = [w.add(j * row_bytes), w.add((j + 1) * row_bytes)];
                     [acc[j], acc[j + 1]] = qk_blocks::<F, T, R, 2>(rows, x, nb, blocks.clone(), ahead, [acc[j], acc[j + 1]]);
@@ -457,6 +462,7 @@ macro_rules! integer_kernels {
             }
 
             const LESS32: bool = true;
+            const PAIRS: bool = true;
 
             /// The products of even and of odd positions gather apart, up to f32: two short chains of
             /// adds rather than one through both `madd`s, each of half the magnitude.
@@ -552,6 +558,7 @@ macro_rules! integer_kernels {
             }
 
             const LESS32: bool = true;
+            const PAIRS: bool = true;
 
             type Acc = __m512i;
             const ZERO: __m512i = unsafe { std::mem::transmute([0u8; 64]) };
