@@ -12,8 +12,9 @@ use crate::backend::cpu::{CpuBackend, Precision};
 use crate::backend::{Backend, KvCache};
 use crate::decode::{
     generate_ar, generate_sd, generate_sd_with, generate_ssd, Choice, Costs, DraftCosts, DraftWorker, Fanout, FinishReason,
-    Mode, NgramConfig, PromptLookup, Request, SpecConfig, Stats, WorkerDrafter,
+    Mode, NgramConfig, PromptLookup, Request, RoundTimes, SpecConfig, Stats, WorkerDrafter,
 };
+use crate::decode::spec::judged;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::load::ModelFile;
@@ -271,20 +272,17 @@ pub const DEFAULT_DRAFT_HEAD: Option<usize> = Some(65_536);
 const PRIOR_ACCEPTANCE: f64 = 0.8;
 const PRIOR_LOOKUP_ACCEPTANCE: f64 = 0.6;
 
-/// The per-token acceptance `a` under which K-token proposals have `fraction` of their tokens
-/// accepted on average (token i is accepted with probability a^i).
-fn per_token_acceptance(fraction: f64, k: usize) -> f64 {
-    let accepted = |a: f64| (1..=k).map(|i| a.powi(i as i32)).sum::<f64>() / k as f64;
-    let (mut lo, mut hi) = (0.0, 1.0);
-    for _ in 0..40 {
-        let mid = (lo + hi) / 2.0;
-        if accepted(mid) < fraction {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
+/// The per-token acceptance of a generation's rounds (accepted over judged draft tokens, see
+/// [`judged`]) and the K most of them drafted (the longer of two as common), if it ran any.
+fn rounds_seen(rounds: &[RoundTimes]) -> Option<(f64, usize)> {
+    let judged_tokens: usize = rounds.iter().map(|r| judged(r.proposed, r.accepted)).sum();
+    let accepted: usize = rounds.iter().map(|r| r.accepted).sum();
+    let mut drafted = [0usize; 65];
+    for r in rounds {
+        drafted[r.proposed.min(64)] += 1;
     }
-    (lo + hi) / 2.0
+    let usual = (1..drafted.len()).max_by_key(|&k| drafted[k])?;
+    (judged_tokens > 0).then(|| (accepted as f64 / judged_tokens as f64, usual))
 }
 
 /// SSD's threads (target, draft) when both models run on all the CPU's cores by default (0
@@ -673,7 +671,12 @@ impl Engine {
         let ids = self.encode(prompt)?;
         let auto = self.choice.as_ref().filter(|_| opts.mode.is_none() && opts.spec.is_none());
         let spec = match &opts.spec {
-            None if auto.is_some() => SpecConfig { k: auto.map_or(self.spec.k, |c| c.k), ..self.spec.clone() },
+            // SD's K then follows the acceptance the generation shows, round by round.
+            None if auto.is_some() => SpecConfig {
+                k: auto.map_or(self.spec.k, |c| c.k),
+                adapt: auto.filter(|_| mode == Mode::Sd).and_then(|c| c.costs.adaptive_k(c.acceptance)),
+                ..self.spec.clone()
+            },
             Some(s) if s.draft_scratch() > self.spec.draft_scratch() => {
                 return Err(Error::InvalidArgument(format!(
                     "spec_k {} with fan-out {} needs more draft cache than this engine was built for (spec_k {}, fan-out {}); load it with the larger setting",
@@ -773,15 +776,21 @@ impl Engine {
     fn learn(&mut self, mode: Mode, spec: &SpecConfig, stats: &Stats) {
         let Some(choice) = &self.choice else { return };
         let mut costs = choice.costs.clone();
-        let k = if mode == Mode::Ar { 1 } else { spec.k };
+        let seen = match mode {
+            Mode::Ar => None,
+            _ => stats.timeline.as_deref().and_then(rounds_seen),
+        };
+        // Where K was chosen again round by round, the pace is the K most rounds drafted.
+        let k = match (mode, seen) {
+            (Mode::Ar, _) => 1,
+            (_, Some((_, usual))) if spec.adapt.is_some() => usual,
+            _ => spec.k,
+        };
         // A few rounds say little about a mode's pace.
         if stats.rounds >= MIN_OBSERVED_ROUNDS && stats.decode_ms > 0.0 {
             costs.observe(mode, k, stats.decode_ms / stats.rounds as f64);
         }
-        let a = match stats.acceptance_rate {
-            Some(fraction) if mode != Mode::Ar => (choice.acceptance + per_token_acceptance(fraction, spec.k)) / 2.0,
-            _ => choice.acceptance,
-        };
+        let a = seen.map_or(choice.acceptance, |(a, _)| (choice.acceptance + a) / 2.0);
         self.choice = Some(costs.choose(a, ssd_candidate(&self.ssd_draft, &self.spec)));
     }
 }

@@ -17,7 +17,7 @@ use futures::future::LocalBoxFuture;
 
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::Batch;
-use saguaro::decode::spec::{Fault, Tree};
+use saguaro::decode::spec::{AdaptiveK, Fault, Tree};
 use saguaro::decode::ssd::{Job, Reply};
 use saguaro::decode::{
     generate_ar, generate_sd, generate_sd_with, generate_ssd, Backup, DraftHost, DraftWorker, Drafter, FinishReason,
@@ -69,6 +69,21 @@ fn sd_on(target: &mut dyn Lm, worker: &mut DraftWorker, req: &Request, spec: &Sp
 
 fn spec(k: usize, fanout: &str, c: f32, backup: Backup) -> SpecConfig {
     SpecConfig::new(k, fanout.parse().unwrap(), c, backup)
+}
+
+/// SD whose K is chosen again after every round from the acceptance so far (mode auto's), under
+/// round costs of 10 + 3 K ms: K = 1 below a per-token acceptance of about 0.61, longer above.
+/// Assumed 0.6 at first, one accepted token moves the second round to K = 2, one rejected
+/// keeps it at 1, so K depends on what was drawn.
+fn adaptive() -> SpecConfig {
+    let round_ms = (1..=7).map(|k| 10.0 + 3.0 * k as f64).collect();
+    SpecConfig { adapt: AdaptiveK::new(round_ms, 0.6), ..spec(1, "uniform:1", 1.0, Backup::Jit) }
+}
+
+/// Whether a round of `g` drafted more than one token: with `adaptive`'s first K of 1, only a K
+/// chosen again does.
+fn drafted_further(g: &Generation) -> bool {
+    g.stats.timeline.as_ref().unwrap().iter().any(|r| r.proposed > 1)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -131,6 +146,8 @@ fn assert_greedy_lossless(
         assert_eq!(got, want, "prompt {i}: SD with K={sd_k}");
         let unsure = SpecConfig { confidence: 0.6, ..spec(sd_k + 2, "uniform:1", 1.0, Backup::Jit) };
         assert_eq!(sd(&mut t, &mut d, &req, &unsure).tokens, want, "prompt {i}: SD stopping below confidence 0.6");
+        let adapted = sd(&mut t, &mut d, &req, &adaptive());
+        assert_eq!(adapted.tokens, want, "prompt {i}: SD with K chosen round by round");
         let through = sd_on(&mut t, &mut worker, &req, &spec(sd_k, "uniform:1", 1.0, Backup::Jit)).tokens;
         assert_eq!(through, want, "prompt {i}: SD with K={sd_k} drafting on the SSD draft's worker");
         for s in (i..ssd_runs).step_by(prompts.len()).map(|j| &ssd_specs[j % ssd_specs.len()]) {
@@ -164,6 +181,12 @@ fn greedy_smollm2_as_its_own_draft_accepts_everything() {
         assert_eq!(s.acceptance_rate, Some(1.0), "a perfect draft is always accepted: {s:?}");
         assert!(s.cache_hit_rate.unwrap() >= 0.9, "a perfect draft predicts every outcome: {s:?}");
     }
+    // Every token accepted: a K chosen round by round grows from its first of 1.
+    let mut t = cpu_runner(&m.weights);
+    let mut d = cpu_runner(&m.weights);
+    let g = sd(&mut t, &mut d, &request(&prompts[0], GREEDY_TOKENS, SamplingParams::default()), &adaptive());
+    let ks: Vec<usize> = g.stats.timeline.as_ref().unwrap().iter().map(|r| r.proposed).collect();
+    assert!(ks[0] == 1 && ks.iter().max() >= Some(&4), "K drafted round by round: {ks:?}");
 }
 
 #[test]
@@ -390,6 +413,23 @@ fn sampling_sd_is_lossless() {
     // Stopping where the draft is unsure (the token drawn there dropped) must not bias either.
     let unsure = SpecConfig { confidence: 0.6, ..spec(K, "uniform:1", 1.0, Backup::Jit) };
     assert_unbiased("sd, confidence stop", &sd_counts(top4_sampling(), &unsure, SAMPLES), exact(top4_sampling()));
+}
+
+#[test]
+fn sampling_sd_with_k_chosen_round_by_round_is_lossless() {
+    // A K that depends on the tokens drawn before must not bias what is drawn after.
+    let mut t = runner(&tiny().target, TINY_CAPACITY);
+    let mut d = runner(&tiny().draft, TINY_CAPACITY);
+    let (mut further, mut runs) = (0, 0);
+    let counts = Counts::of(SAMPLES, |seed| {
+        let g = sd(&mut t, &mut d, &seeded(top4_sampling(), seed), &adaptive());
+        further += drafted_further(&g) as u64;
+        runs += 1;
+        g.tokens
+    });
+    eprintln!("{further} of {runs} generations drafted past K = 1");
+    assert!(further > runs / 10 && further < runs, "K must follow what was drawn: {further} of {runs} drafted further");
+    assert_unbiased("sd, K chosen round by round", &counts, exact(top4_sampling()));
 }
 
 #[test]

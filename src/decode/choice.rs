@@ -9,7 +9,7 @@
 use serde::Serialize;
 use web_time::Instant;
 
-use super::spec::Fanout;
+use super::spec::{AdaptiveK, Fanout};
 use super::Mode;
 use crate::backend::Batch;
 use crate::error::Result;
@@ -190,18 +190,33 @@ impl Costs {
         Some(self.draft_step_ms + (ms - self.draft_step_ms) * (n as f64 - 1.0) / (rows as f64 - 1.0))
     }
 
+    /// AR's observed pace against the decode timed at load: whatever slowed it (other work on the
+    /// machine, a longer context) slows every mode, so the arithmetic's figure for a mode not yet
+    /// observed is scaled alike. Else an AR run during a burst of other work would make an untried
+    /// mode look faster than it is.
+    fn slowdown(&self) -> f64 {
+        self.observed(Mode::Ar, 1).map_or(1.0, |ms| ms / self.decode_ms)
+    }
+
+    /// What an SD round drafting `k` tokens costs: as observed, else by the arithmetic.
+    fn sd_round_ms(&self, k: usize) -> f64 {
+        let arithmetic = || (self.verify(k + 1) + k as f64 * self.draft_step_ms) * self.slowdown();
+        self.observed(Mode::Sd, k).unwrap_or_else(arithmetic)
+    }
+
+    /// SD's K chosen again after every round from the acceptance seen (see [`AdaptiveK`]), at
+    /// these costs and starting from acceptance `a`.
+    pub fn adaptive_k(&self, a: f64) -> Option<AdaptiveK> {
+        AdaptiveK::new((1..=MAX_K).map(|k| self.sd_round_ms(k)).collect(), a)
+    }
+
     /// The fastest of AR, SD with K in 1..=[`MAX_K`] and (when its draft runs beside the target,
     /// `ssd` = its largest K and fan-out) SSD, at per-token acceptance `a`.
     pub fn choose(&self, a: f64, ssd: Option<(usize, &Fanout)>) -> Choice {
         let tokens = |k: usize| (0..=k).map(|i| a.powi(i as i32)).sum::<f64>();
         let speedup = |k: usize, round_ms: f64| tokens(k) * self.decode_ms / round_ms;
-        // AR's observed pace against the decode timed at load: whatever slowed it (other work on
-        // the machine, a longer context) slows every mode, so the arithmetic's figure for a mode
-        // not yet observed is scaled alike. Else an AR run during a burst of other work would
-        // make an untried mode look faster than it is.
-        let slow = self.observed(Mode::Ar, 1).map_or(1.0, |ms| ms / self.decode_ms);
+        let slow = self.slowdown();
         let ar = 1.0 / slow;
-        let sd_round = |k: usize| (self.verify(k + 1) + k as f64 * self.draft_step_ms) * slow;
         let ssd_round = |k: usize, fanout: &Fanout| {
             let speculation = self.draft(k + 1)? + k as f64 * self.draft(fanout.max_branches(k))?;
             Some((self.verify(k + 1).max(speculation) + (1.0 - SSD_HITS) * k as f64 * self.draft_step_ms) * slow)
@@ -214,7 +229,7 @@ impl Costs {
             }
         };
         for k in 1..=MAX_K {
-            consider(Mode::Sd, k, speedup(k, self.observed(Mode::Sd, k).unwrap_or_else(|| sd_round(k))));
+            consider(Mode::Sd, k, speedup(k, self.sd_round_ms(k)));
             match ssd {
                 Some((max_k, fanout)) if self.parallel && k <= max_k => {
                     if let Some(ms) = self.observed(Mode::Ssd, k).or_else(|| ssd_round(k, fanout)) {
@@ -349,6 +364,23 @@ mod tests {
         // Speculation not timed: SSD cannot be judged, so it is not chosen.
         let untimed = Costs { tree_step: None, ..costs(2.0, 3.0, true) };
         assert_ne!(untimed.choose(0.8, Some((4, &UNIFORM3))).mode(), Mode::Ssd);
+    }
+
+    #[test]
+    fn k_chosen_round_by_round_follows_the_same_arithmetic() {
+        // Where SD is chosen, the K each round would take at the choice's acceptance is its K,
+        // observed rounds included; at a higher acceptance the rounds draft further.
+        let mut c = costs(2.0, 2.0, false);
+        for a in [0.6, 0.8, 0.9] {
+            let choice = c.choose(a, None);
+            assert_eq!(choice.mode(), Mode::Sd, "{choice:?}");
+            assert_eq!(c.adaptive_k(a).unwrap().best(a), choice.k, "a = {a}");
+        }
+        assert!(c.adaptive_k(0.8).unwrap().best(0.95) > c.choose(0.8, None).k);
+        let k = c.choose(0.8, None).k;
+        c.observe(Mode::Sd, k, 1000.0);
+        assert_eq!(c.adaptive_k(0.8).unwrap().best(0.8), c.choose(0.8, None).k, "a K observed slow is left");
+        assert_ne!(c.adaptive_k(0.8).unwrap().best(0.8), k);
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub async fn generate_sd_with(
         tally: Tally::new(run.started),
         run,
         draft_ms: 0.0,
+        k: spec.k,
     };
     let mut rec = sd.run.first;
     while !sd.run.out.done() {
@@ -75,13 +76,15 @@ struct Sd<'a> {
     drng: Rng,
     tally: Tally,
     draft_ms: f64,
+    /// The next round's K: `spec.k`, or as `spec.adapt` chooses it.
+    k: usize,
 }
 
 impl Sd<'_> {
     /// One round after `rec`; returns the next round's `rec`.
     async fn round(&mut self, rec: u32) -> Result<u32> {
         // The bonus token always follows the proposal, so it may take one token less than remains.
-        let n = self.spec.k.min(self.run.out.remaining() - 1);
+        let n = self.k.min(self.run.out.remaining() - 1);
         let params = &self.req.sampling;
         let (proposal, draft_span) = timed(self.drafter.propose(rec, n, params, &mut self.drng)).await?;
         let verifying = verify(&mut *self.target, rec, &proposal, params, &mut self.run.rng, self.spec.fault);
@@ -90,6 +93,9 @@ impl Sd<'_> {
         let committed = self.run.out.push(&outcome.committed(&proposal));
         self.tally.round(proposal.tokens.len(), outcome, committed, verify_span, Some(draft_span), None);
         self.draft_ms += draft_span.ms();
+        if let Some(adapt) = &self.spec.adapt {
+            self.k = self.tally.next_k(adapt);
+        }
         Ok(outcome.bonus)
     }
 }

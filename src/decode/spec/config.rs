@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::adapt::AdaptiveK;
 use super::tree::Tree;
 use crate::backend::MAX_TOP_K;
 use crate::error::{Error, Result};
@@ -191,6 +192,10 @@ pub struct SpecConfig {
     /// back less; more keep the draft's tail mass, which the target may accept. Output is
     /// unchanged: verification uses the distribution each token was drawn from.
     pub draft_candidates: usize,
+    /// SD: where set (mode auto), K is chosen again after every round from the acceptance the
+    /// generation has shown so far; `k` is then the first round's K.
+    #[serde(skip)]
+    pub adapt: Option<AdaptiveK>,
     #[doc(hidden)]
     pub fault: Option<Fault>,
 }
@@ -210,6 +215,7 @@ impl SpecConfig {
             backup,
             confidence: DEFAULT_CONFIDENCE,
             draft_candidates: DEFAULT_DRAFT_CANDIDATES,
+            adapt: None,
             fault: None,
         }
     }

@@ -12,7 +12,9 @@
 //!   once, and the one type that writes the draft model.
 //! - `tree`: SSD's speculation [`Tree`], its batches and the slots it writes.
 //! - `tally`: the per-round statistics both report.
+//! - `adapt`: SD's K chosen again after every round from the acceptance seen so far.
 
+mod adapt;
 mod config;
 mod drafter;
 mod kv;
@@ -20,6 +22,7 @@ mod tally;
 mod tree;
 mod verify;
 
+pub use adapt::{acceptance, judged, AdaptiveK};
 pub use config::{
     check_draft, Backup, Fanout, Fault, Mode, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES, DEFAULT_WIDTH,
 };

@@ -4,6 +4,7 @@ use std::future::Future;
 
 use web_time::Instant;
 
+use super::adapt::{judged, AdaptiveK};
 use super::verify::Outcome;
 use crate::decode::{RoundTimes, Stats};
 use crate::error::Result;
@@ -23,6 +24,8 @@ pub(crate) struct Tally {
     rounds: usize,
     proposed: usize,
     accepted: usize,
+    /// Draft tokens the target judged: each round's up to its first rejection.
+    judged: usize,
     committed: usize,
     verify_ms: f64,
     timeline: Vec<RoundTimes>,
@@ -30,7 +33,7 @@ pub(crate) struct Tally {
 
 impl Tally {
     pub fn new(origin: Instant) -> Self {
-        Tally { origin, rounds: 0, proposed: 0, accepted: 0, committed: 0, verify_ms: 0.0, timeline: Vec::new() }
+        Tally { origin, rounds: 0, proposed: 0, accepted: 0, judged: 0, committed: 0, verify_ms: 0.0, timeline: Vec::new() }
     }
 
     fn times(&self, s: Span) -> [f64; 2] {
@@ -45,10 +48,16 @@ impl Tally {
         self.rounds += 1;
         self.proposed += proposed;
         self.accepted += outcome.accepted;
+        self.judged += judged(proposed, outcome.accepted);
         self.committed += committed;
         self.verify_ms += verify.ms();
         let (verify, draft) = (self.times(verify), draft.map(|d| self.times(d)));
         self.timeline.push(RoundTimes { verify, draft, proposed, accepted: outcome.accepted, hit });
+    }
+
+    /// The K of the next round where `adapt` chooses it, from the rounds so far.
+    pub fn next_k(&self, adapt: &AdaptiveK) -> usize {
+        adapt.next(self.judged, self.accepted)
     }
 
     /// The draft's work on the last round, once it is known.

@@ -1,0 +1,110 @@
+//! K chosen again after every round of an SD generation, from the acceptance its rounds have
+//! shown. A measured choice of K made before a generation rests on an assumed per-token
+//! acceptance (a prior, or what earlier generations saw); a generation's own rounds correct it,
+//! and follow it where it changes (code against prose). The output does not depend on K: each
+//! round's verification keeps it the target's whatever the proposal's length.
+
+/// How many judged draft tokens the assumed acceptance weighs as, against the generation's own:
+/// a few rounds move the estimate, a few dozen settle it.
+const PRIOR_TRIES: f64 = 8.0;
+
+/// The K of each SD round, chosen among those with a known cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdaptiveK {
+    /// Expected milliseconds of a round that drafts K tokens and verifies them, K = 1, 2, ...
+    round_ms: Vec<f64>,
+    /// Per-token acceptance assumed before any round.
+    prior: f64,
+}
+
+impl AdaptiveK {
+    /// `round_ms[K - 1]`: what a round drafting K tokens costs; `prior`: the acceptance assumed.
+    /// `None` without a round cost.
+    pub fn new(round_ms: Vec<f64>, prior: f64) -> Option<AdaptiveK> {
+        (!round_ms.is_empty()).then_some(AdaptiveK { round_ms, prior: prior.clamp(0.0, 1.0) })
+    }
+
+    /// The K with the most tokens per millisecond at per-token acceptance `a`: a round drafting
+    /// K tokens commits `1 + a + ... + a^K` on average.
+    pub fn best(&self, a: f64) -> usize {
+        let mut best = (1, f64::MIN);
+        let mut tokens = 1.0;
+        for (i, &ms) in self.round_ms.iter().enumerate() {
+            tokens += a.powi(i as i32 + 1);
+            if tokens / ms > best.1 {
+                best = (i + 1, tokens / ms);
+            }
+        }
+        best.0
+    }
+
+    /// The K of the next round, after rounds that judged `tries` draft tokens and accepted
+    /// `accepted` of them (see [`acceptance`]).
+    pub fn next(&self, tries: usize, accepted: usize) -> usize {
+        self.best(acceptance(tries, accepted, self.prior))
+    }
+}
+
+/// The per-token acceptance (the chance that a draft token is accepted once those before it
+/// were) of rounds that judged `tries` draft tokens and accepted `accepted`, counting `prior` as
+/// [`PRIOR_TRIES`] judged tokens. A round judges its tokens up to its first rejection, so each
+/// judged token is one trial of that chance whatever the rounds' K.
+pub fn acceptance(tries: usize, accepted: usize, prior: f64) -> f64 {
+    (accepted as f64 + PRIOR_TRIES * prior) / (tries as f64 + PRIOR_TRIES)
+}
+
+/// Draft tokens a round that proposed `proposed` and had `accepted` of them accepted judged.
+pub fn judged(proposed: usize, accepted: usize) -> usize {
+    if accepted < proposed {
+        accepted + 1
+    } else {
+        proposed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A verification of n tokens costing 10 + 4 (n - 1) ms and a 2 ms draft step.
+    fn costs() -> AdaptiveK {
+        AdaptiveK::new((1..=7).map(|k| 10.0 + 4.0 * k as f64 + 2.0 * k as f64).collect(), 0.8).unwrap()
+    }
+
+    #[test]
+    fn higher_acceptance_drafts_further() {
+        let c = costs();
+        let ks: Vec<usize> = [0.3, 0.6, 0.8, 0.9, 0.97].iter().map(|&a| c.best(a)).collect();
+        assert!(ks.windows(2).all(|w| w[0] <= w[1]), "{ks:?}");
+        assert_eq!(ks[0], 1);
+        assert!(ks[4] >= 5, "{ks:?}");
+        // The chosen K is the arithmetic's best: no other K yields more tokens per ms.
+        for a in [0.5f64, 0.85] {
+            let rate = |k: usize| (0..=k).map(|i| a.powi(i as i32)).sum::<f64>() / c.round_ms[k - 1];
+            let k = c.best(a);
+            assert!((1..=7).all(|j| rate(j) <= rate(k)), "a = {a}: K = {k}");
+        }
+    }
+
+    #[test]
+    fn the_rounds_outweigh_the_prior() {
+        let c = costs();
+        // No rounds yet: the prior.
+        assert_eq!(acceptance(0, 0, 0.8), 0.8);
+        assert_eq!(c.next(0, 0), c.best(0.8));
+        // Many rounds accepting 19 of 20 judged tokens: near 0.95, and a longer K than the prior's.
+        let a = acceptance(2000, 1900, 0.8);
+        assert!((a - 0.95).abs() < 0.001, "{a}");
+        assert!(c.next(2000, 1900) > c.best(0.8));
+        // Every proposal rejected at its first token: K = 1.
+        assert_eq!(c.next(200, 0), 1);
+    }
+
+    #[test]
+    fn a_round_judges_up_to_its_first_rejection() {
+        assert_eq!(judged(4, 4), 4);
+        assert_eq!(judged(4, 2), 3);
+        assert_eq!(judged(4, 0), 1);
+        assert_eq!(judged(0, 0), 0);
+    }
+}
