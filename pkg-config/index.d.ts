@@ -169,6 +169,8 @@ export interface Stats {
   /** A generation without `mode`: the engine's choice and what it measured to make it. */
   auto?: {
     mode: Mode;
+    /** K at load; SD chooses it again after every round from the acceptance so far (`timeline`
+     * shows each round's proposal). */
     k: number;
     expectedSpeedup: number;
     /** Per-token acceptance assumed, refined after each speculative generation. */
