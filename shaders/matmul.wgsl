@@ -4,11 +4,11 @@
 // `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its WG
 // threads split K a unit at a time (units.wgsl: 16 values of a K-quant row or of a 4- or 5-bit
 // 32-value block, 4 of Q8_0 or a float row), and each weight value, decoded once, is used for
-// all MT rows (each activation value loaded, for all NR rows). Weights are decoded and multiplied
-// in F (f32, or f16 where the device has `shader-f16` and was asked to use it), each four
-// products added in F and the sums in f32. Every output sums its units in the same order whatever
-// M, so that a verification's rows have their decodes' bits. The partial sums meet in `workgroup_sums`, filled in below from sums_workgroup.wgsl or, where the device
-// has subgroups, sums_subgroup.wgsl.
+// all MT rows (each activation value loaded, for all NR rows; see Rust's `rows_per_group`). Weights are decoded and multiplied in F (f32, or f16 where the device has
+// `shader-f16` and was asked to use it), each four products added in F and the sums in f32.
+// Every output sums its units in the same order whatever M, so that a verification's rows have
+// their decodes' bits. The partial sums meet in `workgroup_sums`, filled in below from
+// sums_workgroup.wgsl or, where the device has subgroups, sums_subgroup.wgsl.
 //
 // The activations `x` (binding 1) and `xload4` come from x_vec4.wgsl where K is a multiple of 4,
 // else from x_scalar.wgsl.
@@ -61,6 +61,8 @@ struct Params {
 const WG: u32 = {{WG}}u;
 const NR: u32 = {{NR}}u;
 const MT: u32 = {{MT}}u;
+// Up to how many activation rows `matmul_rows` unrolls its loop over them (Rust's UNROLLED_MT).
+const UNROLLED_MT: u32 = {{UNROLLED_MT}}u;
 // Vectors of four values a thread takes of a weight row at a time.
 const UV: u32 = UV_{{UNIT}};
 const PAIRED: bool = {{PAIRED}};
@@ -127,7 +129,9 @@ fn matmul_rows(
                 w[r] = wquad_{{UNIT}}(n[r], v);
             }
             for (var mt = 0u; mt < MT; mt++) {
-                if (m0 + mt >= p.m) {
+                // Up to UNROLLED_MT rows the loop has no exit, so that it unrolls: Rust then makes
+                // the group the whole batch.
+                if (MT > UNROLLED_MT && m0 + mt >= p.m) {
                     break;
                 }
                 let xv = vec4<F>(xload4(m0 + mt, at[v]));

@@ -156,7 +156,7 @@ impl GpuBackend {
         };
         let tiled = m > SMALL_M;
         debug_assert!(!(tiled && paired), "the tiled kernel does not pair");
-        let (nr, mt) = if tiled { (1, 1) } else { (NR, m.next_power_of_two().min(MAX_MT)) };
+        let (nr, mt) = if tiled { (1, 1) } else { (NR, rows_per_group(m)) };
         // The tiled kernel's 64 threads are fixed; WG sizes only the sums it shares.
         let wg = if tiled { MAX_WG } else { self.matvec_threads };
         let (nr_s, mt_s, wg_s) = (nr.to_string(), mt.to_string(), wg.to_string());
@@ -168,6 +168,7 @@ impl GpuBackend {
                 ("UNIT", unit(w.dtype())),
                 ("NR", &nr_s),
                 ("MT", &mt_s),
+                ("UNROLLED_MT", &UNROLLED_MT.to_string()),
                 ("WG", &wg_s),
                 ("SUMS", self.sums()),
                 ("X", if k % 4 == 0 { "@x_vec4" } else { "@x_scalar" }),
@@ -206,6 +207,22 @@ impl GpuBackend {
     }
 }
 
+/// Up to how many activation rows `matmul_rows` unrolls its loop over a group's rows, which then
+/// has no early exit at the batch's end. On lavapipe the exit kept the loop from unrolling, and
+/// unrolled a decode's matmul took 0.78-0.80 of the time (the Qwen 0.5B's shapes, every weight
+/// type); from four rows on, unrolled, Q6_K's took 1.15x the time and Q4_K's 0.85x, so there the
+/// loop stays.
+const UNROLLED_MT: usize = 3;
+
+/// Activation rows per `matmul_rows` workgroup (MT) for a batch of `m`: the batch itself up to
+/// [`UNROLLED_MT`] (so that no row is computed for nothing), else a power of two up to [`MAX_MT`].
+fn rows_per_group(m: usize) -> usize {
+    match m.max(1) {
+        m if m <= UNROLLED_MT => m,
+        m => m.next_power_of_two().min(MAX_MT),
+    }
+}
+
 /// The one weight that `ws` make where they lie one after the other in one buffer (as
 /// [`GpuBackend::upload_together`] stores them), each whole in one part.
 fn side_by_side(ws: &[&Weight]) -> Option<Weight> {
@@ -232,7 +249,18 @@ fn side_by_side(ws: &[&Weight]) -> Option<Weight> {
 
 #[cfg(test)]
 mod tests {
-    use super::matvec_threads;
+    use super::{matvec_threads, rows_per_group, MAX_MT, UNROLLED_MT};
+
+    #[test]
+    fn unrolled_groups_hold_the_batch_itself() {
+        for (m, mt) in [(0, 1), (1, 1), (2, 2), (3, 3), (4, 4), (5, 8), (8, 8), (9, 8), (64, 8)] {
+            assert_eq!(rows_per_group(m), mt, "{m} rows");
+        }
+        for m in 1..=64 {
+            let mt = rows_per_group(m);
+            assert!(mt <= MAX_MT && (mt > UNROLLED_MT || m % mt == 0), "{m} rows: groups of {mt}");
+        }
+    }
 
     #[test]
     fn matvec_workgroups_are_one_cpu_subgroup_or_64_threads() {
