@@ -521,10 +521,10 @@ fn matmul<B: Backend>(b: &B, t: &Tol) {
             _ => 512,
         };
         let w = random_weight(dtype, 37, k, i as u64).unwrap();
-        // 1 = decode, 5 = K+1 verification, 33 = a wide tree step (on the CPU, several groups of
-        // rows over each weight chunk), 64 = the GPU's largest split-K batch, 70 = its tiled
-        // kernel with partial tiles.
-        check_matmul(b, t, &w, None, &[1, 2, 5, 33, 64, 70], 100 + i as u64);
+        // 1 = decode, 3 = the GPU's largest unrolled group of rows, 5 = K+1 verification, 33 = a
+        // wide tree step (on the CPU, several groups of rows over each weight chunk), 64 = the
+        // GPU's largest split-K batch, 70 = its tiled kernel with partial tiles.
+        check_matmul(b, t, &w, None, &[1, 2, 3, 4, 5, 33, 64, 70], 100 + i as u64);
     }
 }
 
@@ -887,6 +887,28 @@ fn gpu_attention_rows_get_the_same_bits_in_any_batch() {
         for (i, (shape, prefix)) in cases.into_iter().enumerate() {
             let (verified, decoded) = verified_and_decoded(b, shape, prefix, 95 + i as u64);
             assert!(same_bits(&verified, &decoded), "{} ({how}): {shape:?} after {prefix}: a batch of 5 against 5 decodes", b.name());
+        }
+    }
+}
+
+/// On the GPU a matmul's row has its decode's bits in any batch: the loop over a workgroup's rows
+/// is unrolled for groups of up to three rows and not beyond, and a verification's rows must get
+/// the bits of the decodes they stand for either way.
+#[test]
+fn gpu_matmul_rows_get_the_same_bits_in_any_batch() {
+    let Some(b) = util::shared_gpu() else { return };
+    for (i, &dtype) in DType::ALL.iter().enumerate() {
+        let k = if dtype.block_size() == 1 { 45 } else { 512 };
+        let w = b.load_weight(&random_weight(dtype, 37, k, 300 + i as u64).unwrap()).unwrap();
+        let mut rng = TestRng::new(400 + i as u64);
+        let x: Vec<f32> = (0..9 * k).map(|_| rng.activation()).collect();
+        let decoded: Vec<Vec<f32>> =
+            x.chunks(k).map(|row| read(b, &b.matmul(&up(b, 1, k, row), &w, None).unwrap())).collect();
+        for m in 2..=9 {
+            let batch = read(b, &b.matmul(&up(b, m, k, &x[..m * k]), &w, None).unwrap());
+            for (row, want) in batch.chunks(37).zip(&decoded) {
+                assert!(same_bits(row, want), "{}: {dtype:?}, a batch of {m} against its decodes", b.name());
+            }
         }
     }
 }
