@@ -4,8 +4,9 @@
 // `matmul_rows` serves M <= 64: a workgroup owns NR weight rows and MT activation rows, its WG
 // threads split K a unit at a time (units.wgsl: 16 values of a K-quant row or of a 4- or 5-bit
 // 32-value block, 4 of Q8_0 or a float row), and each weight value, decoded once, is used for
-// all MT rows (each activation value loaded, for all NR rows; see Rust's `rows_per_group`). Weights are decoded and multiplied in F (f32, or f16 where the device has
-// `shader-f16` and was asked to use it), each four products added in F and the sums in f32.
+// all MT rows (each activation value loaded, for all NR rows; see Rust's `rows_per_group`).
+// Weights are decoded and multiplied in F (f32, or f16 where the device has `shader-f16` and was
+// asked to use it), each four products added in F and the sums in f32.
 // Every output sums its units in the same order whatever M, so that a verification's rows have
 // their decodes' bits. The partial sums meet in `workgroup_sums`, filled in below from
 // sums_workgroup.wgsl or, where the device has subgroups, sums_subgroup.wgsl.

@@ -209,9 +209,9 @@ impl GpuBackend {
 
 /// Up to how many activation rows `matmul_rows` unrolls its loop over a group's rows, which then
 /// has no early exit at the batch's end. On lavapipe the exit kept the loop from unrolling, and
-/// unrolled a decode's matmul took 0.78-0.80 of the time (the Qwen 0.5B's shapes, every weight
+/// unrolled a decode's matmul took 0.78-0.84 of the time (the Qwen 0.5B's shapes, every weight
 /// type); from four rows on, unrolled, Q6_K's took 1.15x the time and Q4_K's 0.85x, so there the
-/// loop stays.
+/// loop keeps its exit (docs/measurements.md, "A loop over a group's rows without an exit").
 const UNROLLED_MT: usize = 3;
 
 /// Activation rows per `matmul_rows` workgroup (MT) for a batch of `m`: the batch itself up to
