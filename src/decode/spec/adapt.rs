@@ -49,7 +49,7 @@ impl AdaptiveK {
 /// were) of rounds that judged `tries` draft tokens and accepted `accepted`, counting `prior` as
 /// [`PRIOR_TRIES`] judged tokens. A round judges its tokens up to its first rejection, so each
 /// judged token is one trial of that chance whatever the rounds' K.
-pub fn acceptance(tries: usize, accepted: usize, prior: f64) -> f64 {
+fn acceptance(tries: usize, accepted: usize, prior: f64) -> f64 {
     (accepted as f64 + PRIOR_TRIES * prior) / (tries as f64 + PRIOR_TRIES)
 }
 

@@ -22,7 +22,7 @@ mod tally;
 mod tree;
 mod verify;
 
-pub use adapt::{acceptance, judged, AdaptiveK};
+pub use adapt::{judged, AdaptiveK};
 pub use config::{
     check_draft, Backup, Fanout, Fault, Mode, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES, DEFAULT_WIDTH,
 };
