@@ -6,7 +6,6 @@ struct Params {
     cols: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
 
@@ -16,12 +15,9 @@ var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 
 @compute @workgroup_size(64)
-fn argmax(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let row = wid.x + wid.y * nwg.x;
+fn argmax(inv: Invocation) {
+    let t = inv.t;
+    let row = workgroup_index(inv);
     if (row >= p.rows) {
         return;
     }

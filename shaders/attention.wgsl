@@ -31,7 +31,6 @@ struct Params {
     splits: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
 @group(0) @binding(3) var<storage, read> v: array<f32>;
@@ -52,12 +51,8 @@ const NEG: f32 = -3.0e38;
 
 // K and V of each batch row into the row's cache slot; one thread per cache block.
 @compute @workgroup_size(64)
-fn kv_write(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let i = (wid.x + wid.y * nwg.x) * 64u + t;
+fn kv_write(inv: Invocation) {
+    let i = global_index(inv, 64u);
     let blocks = p.kv_stride / KV_BLOCK;
     if (i >= p.m * blocks) {
         return;
@@ -103,14 +98,11 @@ fn attends(r: u32, j: u32, lo: u32, r0: u32) -> bool {
 // the WG weights of each query into its running sum and into the output dimensions it owns.
 // Four barriers per WG slots.
 @compute @workgroup_size(64)
-fn attend(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
+fn attend(inv: Invocation) {
+    let t = inv.t;
     let blocks = (p.m * p.group + QMAX - 1u) / QMAX;
-    let g = (wid.x + wid.y * nwg.x) / p.splits;
-    let part = (wid.x + wid.y * nwg.x) % p.splits;
+    let g = workgroup_index(inv) / p.splits;
+    let part = workgroup_index(inv) % p.splits;
     let kvh = g / blocks;
     if (kvh >= p.n_heads / p.group) {
         return;
@@ -254,12 +246,8 @@ fn attend(
 // Merges the parts of a split walk; one thread per output value. A lone part's weight is
 // exp(0) = 1, so a row whose slots all fall in one part gets the bits of an unsplit walk.
 @compute @workgroup_size(64)
-fn combine(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let i = (wid.x + wid.y * nwg.x) * 64u + t;
+fn combine(inv: Invocation) {
+    let i = global_index(inv, 64u);
     let hd = p.head_dim;
     if (i >= p.m * p.n_heads * hd) {
         return;

@@ -20,7 +20,6 @@ struct Params {
     seed_hi: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 // Per row: the token, the probability's bits.
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
@@ -74,12 +73,9 @@ fn ln_race_time(bits: u32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn draw(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let row = wid.x + wid.y * nwg.x;
+fn draw(inv: Invocation) {
+    let t = inv.t;
+    let row = workgroup_index(inv);
     if (row >= p.rows) {
         return;
     }

@@ -12,19 +12,14 @@ struct Params {
     at: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read> wq: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(64)
-fn embed(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
+fn embed(inv: Invocation) {
     let groups = (p.k + 3u) / 4u;
-    let gid = (wid.x + wid.y * nwg.x) * 64u + t;
+    let gid = global_index(inv, 64u);
     let i = gid / groups;
     let c = (gid % groups) * 4u;
     if (i >= p.m) {

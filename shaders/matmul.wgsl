@@ -53,7 +53,6 @@ struct Params {
     split2: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> wq: array<u32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
@@ -102,12 +101,9 @@ fn store(row: u32, col: u32, s: f32) {
 }
 
 @compute @workgroup_size(WG)
-fn matmul_rows(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let g = wid.x + wid.y * nwg.x;
+fn matmul_rows(inv: Invocation) {
+    let t = inv.t;
+    let g = workgroup_index(inv);
     let row_groups = (p.rows + OUT_ROWS - 1u) / OUT_ROWS;
     let r0 = (g % row_groups) * OUT_ROWS;
     let m0 = (g / row_groups) * MT;
@@ -168,12 +164,9 @@ var<workgroup> xs: array<vec4<f32>, TK * TS / 4u>;
 var<workgroup> ws: array<vec4<f32>, TK * TS / 4u>;
 
 @compute @workgroup_size(64)
-fn matmul_tiled(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let g = wid.x + wid.y * nwg.x;
+fn matmul_tiled(inv: Invocation) {
+    let t = inv.t;
+    let g = workgroup_index(inv);
     let col_tiles = (p.rows + TS - 1u) / TS;
     let n0 = (g % col_tiles) * TS;
     let m0 = (g / col_tiles) * TS;

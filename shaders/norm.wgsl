@@ -6,7 +6,6 @@ struct Params {
     eps: f32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
@@ -16,12 +15,9 @@ const WG: u32 = 64u;
 var<workgroup> partial: array<f32, WG>;
 
 @compute @workgroup_size(64)
-fn rms_norm(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let row = wid.x + wid.y * nwg.x;
+fn rms_norm(inv: Invocation) {
+    let t = inv.t;
+    let row = workgroup_index(inv);
     if (row >= p.rows) {
         return;
     }

@@ -12,7 +12,6 @@ struct Params {
     cols_y: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> table: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
@@ -35,18 +34,10 @@ fn rotated(a: f32, b: f32, cs: vec2<f32>) -> vec2<f32> {
     return vec2<f32>(a * cs.x - b * cs.y, b * cs.x + a * cs.y);
 }
 
-fn index(t: u32, wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return (wid.x + wid.y * nwg.x) * 64u + t;
-}
-
 // One thread per rotated pair: half pairs per head.
 @compute @workgroup_size(64)
-fn rope(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let at = pair_at(index(t, wid, nwg), p.cols);
+fn rope(inv: Invocation) {
+    let at = pair_at(global_index(inv, 64u), p.cols);
     if (at.x >= 0) {
         let a = u32(at.x);
         let r = rotated(x[a], x[a + p.half], table[at.y]);
@@ -58,12 +49,8 @@ fn rope(
 // `x` (Q) and then `y` (K) in one pass. WGSL passes no storage buffer to a function, so each
 // tensor has its own few lines of loads and stores.
 @compute @workgroup_size(64)
-fn rope_pair(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let gid = index(t, wid, nwg);
+fn rope_pair(inv: Invocation) {
+    let gid = global_index(inv, 64u);
     let x_pairs = p.rows * (p.cols / p.head_dim) * p.half;
     if (gid < x_pairs) {
         let at = pair_at(gid, p.cols);

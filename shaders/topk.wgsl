@@ -18,7 +18,6 @@ struct Params {
     temperature: f32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> pout: array<u32>;
 @group(0) @binding(4) var<storage, read> cols: array<u32>;
@@ -88,12 +87,9 @@ fn radix_pass(t: u32, row: u32, shift: u32, on_rank: bool) {
 
 // One workgroup per row.
 @compute @workgroup_size(256)
-fn select_top(
-    @builtin(local_invocation_index) t: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    let row = wid.x + wid.y * nwg.x;
+fn select_top(inv: Invocation) {
+    let t = inv.t;
+    let row = workgroup_index(inv);
     if (row >= p.rows) {
         return;
     }

@@ -244,6 +244,41 @@ impl AttnShape {
     }
 }
 
+/// The sizes of a KV cache: `layers` layers of `capacity` slots of `kv_dim` values.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CacheDims {
+    pub layers: usize,
+    pub capacity: usize,
+    pub kv_dim: usize,
+}
+
+/// [`Backend::attention`]'s arguments, checked alike on every backend before it writes the cache:
+/// `q`, `k` and `v` as `(rows, cols)`, to attend at `layer` of a cache of `cache`'s sizes.
+pub(crate) fn check_attention(qkv: [(usize, usize); 3], cache: CacheDims, layer: usize, batch: &Batch, s: &AttnShape) -> Result<()> {
+    let [(q_rows, q_cols), k, v] = qkv;
+    let (m, mask, kv_dim) = (batch.len(), &batch.mask, cache.kv_dim);
+    let shapes = q_rows == m
+        && q_cols == s.n_heads * s.head_dim
+        && k == (m, kv_dim)
+        && v == (m, kv_dim)
+        && s.n_kv_heads > 0
+        && s.n_kv_heads * s.head_dim == kv_dim
+        && s.n_heads.is_multiple_of(s.n_kv_heads)
+        && batch.positions.len() == m
+        && batch.slots.len() == m
+        && mask.prefix.len() == m
+        && mask.extra.len() == m * mask.extra_stride;
+    shape_check(shapes, "attention")?;
+    if layer >= cache.layers {
+        return Err(crate::Error::InvalidArgument(format!("layer {layer} of a {}-layer cache", cache.layers)));
+    }
+    let extent = batch.slot_extent();
+    if extent > cache.capacity {
+        return Err(crate::Error::ContextOverflow { prompt: extent, requested: 0, context: cache.capacity });
+    }
+    Ok(())
+}
+
 /// How a GPU backend's KV cache stores K and V; the CPU's holds f32. Attention computes in f32
 /// either way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -390,8 +425,50 @@ pub trait Backend {
     fn sync(&self) -> impl Future<Output = Result<()>>;
 }
 
+/// An op's arguments whose shapes do not fit (`!ok`) fail alike on every backend.
+pub(crate) fn shape_check(ok: bool, what: &str) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::Error::InvalidArgument(format!("tensor shape mismatch in {what}")))
+    }
+}
+
 /// The values of `N` results, or the first error.
 pub(crate) fn all_ok<T, const N: usize>(results: [Result<T>; N]) -> Result<[T; N]> {
     let values = results.into_iter().collect::<Result<Vec<T>>>()?;
     Ok(values.try_into().unwrap_or_else(|_| unreachable!("N results give N values")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_attention, AttnShape, Batch, CacheDims};
+    use crate::Error;
+
+    /// Every backend's attention refuses these alike, before it writes the cache.
+    #[test]
+    fn attention_arguments_are_checked_for_every_backend() {
+        let (shape, cache) = (AttnShape::new(4, 2, 8), CacheDims { layers: 2, capacity: 8, kv_dim: 16 });
+        let batch = Batch::causal(&[1, 2, 3], 5);
+        let qkv = [(3, 32), (3, 16), (3, 16)];
+        let check = |qkv, layer, batch: &Batch, s| check_attention(qkv, cache, layer, batch, &s);
+        assert!(check(qkv, 1, &batch, shape).is_ok());
+        let invalid = |r: crate::Result<()>, what: &str| assert!(matches!(r, Err(Error::InvalidArgument(_))), "{what}: {r:?}");
+        invalid(check(qkv, 2, &batch, shape), "a layer past the cache's");
+        invalid(check([(2, 32), (3, 16), (3, 16)], 0, &batch, shape), "fewer queries than the batch's rows");
+        invalid(check([(3, 32), (3, 8), (3, 16)], 0, &batch, shape), "keys narrower than the cache");
+        invalid(check(qkv, 0, &batch, AttnShape::new(3, 2, 8)), "query heads not shared evenly by the KV heads");
+        invalid(check(qkv, 0, &batch, AttnShape::new(4, 0, 8)), "no KV heads");
+        for bad in [
+            Batch { positions: vec![5, 6], ..batch.clone() },
+            Batch { slots: vec![5], ..batch.clone() },
+            Batch { mask: super::Mask { prefix: vec![6, 7], ..batch.mask.clone() }, ..batch.clone() },
+            Batch { mask: super::Mask { extra_stride: 1, ..batch.mask.clone() }, ..batch.clone() },
+        ] {
+            invalid(check(qkv, 0, &bad, shape), &format!("a batch of three rows whose parts are not: {bad:?}"));
+        }
+        let past = Batch::causal(&[1, 2, 3], 6);
+        let r = check(qkv, 0, &past, shape);
+        assert!(matches!(r, Err(Error::ContextOverflow { prompt: 9, requested: 0, context: 8 })), "{r:?}");
+    }
 }

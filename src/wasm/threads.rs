@@ -1,5 +1,6 @@
 //! The threads build's compute pool: Web Workers (worker threads in Node) sharing this module's
-//! memory, on which [`crate::backend::cpu::pool::Pool`] spreads its chunks.
+//! memory, installed into the CPU backend ([`pool::install`]) for its
+//! [`Pool`](crate::backend::cpu::pool::Pool) to spread its chunks on.
 //!
 //! A forward makes hundreds of short parallel calls, so the pool is a plain fork-join made for
 //! them rather than rayon's scheduler: the thread that owns the pool (the engine's) publishes a
@@ -23,6 +24,7 @@ use wasm_bindgen::prelude::*;
 use web_time::Instant;
 
 use super::options::MAX_THREADS;
+use crate::backend::cpu::pool;
 
 /// How long a waiting thread spins before it parks: longer than the gaps between a forward's
 /// parallel calls (a parked thread takes tens of microseconds to wake), short enough that an idle
@@ -91,12 +93,21 @@ thread_local! {
     static ROLE: Cell<Role> = const { Cell::new(Role::Other) };
 }
 
-/// Threads the pool runs on, the caller's included: 1 before the pool is started, and on any
-/// thread but the one that started it.
-pub fn size() -> usize {
-    match ROLE.with(Cell::get) {
-        Role::Owner | Role::Busy => SIZE.load(Relaxed).max(1),
-        _ => 1,
+/// This pool, as the CPU backend's pools see it.
+struct Workers;
+
+impl pool::Threads for Workers {
+    /// The caller's included: 1 before the pool is started, and on any thread but the one that
+    /// started it.
+    fn size(&self) -> usize {
+        match ROLE.with(Cell::get) {
+            Role::Owner | Role::Busy => SIZE.load(Relaxed).max(1),
+            _ => 1,
+        }
+    }
+
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
+        for_each(n, f)
     }
 }
 
@@ -111,6 +122,7 @@ pub fn threads_start(threads: usize) -> Result<JsValue, JsValue> {
     if SIZE.compare_exchange(0, threads, AcqRel, Acquire).is_ok() {
         ROLE.with(|r| r.set(Role::Owner));
         let _ = OWNER.set(std::thread::current());
+        pool::install(&Workers);
     }
     let out = js_sys::Object::new();
     js_sys::Reflect::set(&out, &"module".into(), &wasm_bindgen::module())?;
@@ -206,7 +218,7 @@ fn work(mut claim: u64) {
 
 /// Run `f(i)` for `i` in `0..n` on the pool; `false` (nothing run) where this thread cannot use
 /// it: not the pool's owner, or already inside a call.
-pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
+fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
     if ROLE.with(Cell::get) != Role::Owner || SIZE.load(Relaxed) < 2 || n > u32::MAX as usize {
         return false;
     }

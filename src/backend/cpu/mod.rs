@@ -10,7 +10,10 @@ mod quantize;
 use std::future::{ready, Future};
 
 use crate::backend::draw::{self, Draw, Drawn};
-use crate::backend::{all_ok, check_top_k, rope_table, Activation, AttnShape, Backend, Batch, Rope, TopK};
+use crate::backend::{
+    all_ok, check_attention, check_top_k, rope_table, shape_check, Activation, AttnShape, Backend, Batch, CacheDims, Rope,
+    TopK,
+};
 use crate::error::{Error, Result};
 use crate::storage::Weight;
 use pool::{Pool, SharedMut};
@@ -79,14 +82,6 @@ fn pad_cols(x: &Tensor, cols: usize) -> Tensor {
         to[..x.cols].copy_from_slice(from);
     }
     Tensor::new(x.rows, cols, data)
-}
-
-fn shape_check(ok: bool, what: &str) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!("tensor shape mismatch in {what}")))
-    }
 }
 
 impl Backend for CpuBackend {
@@ -220,20 +215,9 @@ impl Backend for CpuBackend {
         s: AttnShape,
     ) -> Result<Tensor> {
         let kv_dim = cache.kv_dim;
-        shape_check(
-            k.cols == kv_dim
-                && v.cols == kv_dim
-                && q.cols == s.n_heads * s.head_dim
-                && q.rows == batch.len()
-                && s.n_kv_heads * s.head_dim == kv_dim
-                && s.n_kv_heads > 0
-                && s.n_heads.is_multiple_of(s.n_kv_heads),
-            "attention",
-        )?;
+        let dims = CacheDims { layers: cache.k.len(), capacity: cache.capacity, kv_dim };
+        check_attention([(q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols)], dims, layer, batch, &s)?;
         let extent = batch.slot_extent();
-        if extent > cache.capacity {
-            return Err(Error::ContextOverflow { prompt: extent, requested: 0, context: cache.capacity });
-        }
         let (kc, vc) = (&mut cache.k[layer], &mut cache.v[layer]);
         if kc.len() < extent * kv_dim {
             kc.resize(extent * kv_dim, 0.0);

@@ -1,5 +1,5 @@
-//! Row-parallel work: rayon natively; in wasm, the threads build's pool of workers sharing memory
-//! (src/wasm/threads.rs), else the calling thread alone.
+//! Row-parallel work: rayon natively; in wasm, the [`Threads`] the front-end installed (the
+//! threads build's workers sharing memory), else the calling thread alone.
 //!
 //! A forward makes hundreds of short parallel calls (one per matmul), so handing each to a pool
 //! from outside would put the caller to sleep and wake a worker every time, which costs as much
@@ -17,6 +17,28 @@ pub struct Pool {
 #[cfg(not(feature = "native"))]
 pub struct Pool {
     threads: usize,
+}
+
+/// Threads from outside the backend that a [`Pool`] spreads its chunks on where rayon cannot run
+/// (wasm): the front-end that starts them hands them over with [`install`], so that the backend
+/// never calls up into it.
+#[cfg(not(feature = "native"))]
+pub trait Threads: Sync {
+    /// Threads the calling thread may use, its own included (1: none).
+    fn size(&self) -> usize;
+    /// `f(i)` for every `i` in `0..n`, spread over the threads; `false` (nothing run) where the
+    /// calling thread cannot use them.
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> bool;
+}
+
+#[cfg(not(feature = "native"))]
+static THREADS: std::sync::OnceLock<&'static dyn Threads> = std::sync::OnceLock::new();
+
+/// Hands every pool `threads` to compute on (the first call wins; pools made before it keep to
+/// the calling thread).
+#[cfg(not(feature = "native"))]
+pub fn install(threads: &'static dyn Threads) {
+    let _ = THREADS.set(threads);
 }
 
 #[cfg(feature = "native")]
@@ -81,8 +103,7 @@ impl Pool {
         }
         #[cfg(not(feature = "native"))]
         {
-            #[cfg(all(feature = "threads", target_arch = "wasm32", target_feature = "atomics"))]
-            if n_chunks > 1 && self.threads > 1 && crate::wasm::threads::for_each(n_chunks, &f) {
+            if n_chunks > 1 && self.threads > 1 && THREADS.get().is_some_and(|t| t.for_each(n_chunks, &f)) {
                 return;
             }
             (0..n_chunks).for_each(f);
@@ -90,13 +111,10 @@ impl Pool {
     }
 }
 
-/// Threads of the wasm pool this thread may use (1 without one).
+/// Threads of the installed [`Threads`] this thread may use (1 without them).
 #[cfg(not(feature = "native"))]
 pub(crate) fn shared_threads() -> usize {
-    #[cfg(all(feature = "threads", target_arch = "wasm32", target_feature = "atomics"))]
-    return crate::wasm::threads::size();
-    #[cfg(not(all(feature = "threads", target_arch = "wasm32", target_feature = "atomics")))]
-    1
+    THREADS.get().map_or(1, |t| t.size())
 }
 
 /// A raw output pointer shared by workers that write disjoint ranges.

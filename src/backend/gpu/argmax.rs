@@ -4,8 +4,10 @@ use std::future::Future;
 
 use crate::error::Result;
 
-use super::pipelines::ARGMAX;
+use super::pipelines::{wgsl, Shader};
 use super::{groups, GpuBackend, Tensor};
+
+const ARGMAX: Shader = Shader { name: "argmax", source: wgsl!("argmax"), includes: &[], snippets: &[] };
 
 impl GpuBackend {
     pub(super) fn argmax_rows(&self, x: &Tensor) -> impl Future<Output = Result<Vec<u32>>> {

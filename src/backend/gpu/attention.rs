@@ -6,13 +6,20 @@
 //! workgroups of their own and merged by a second pass (as flash-decoding does), so that a decode
 //! does not leave a GPU with two busy workgroups (one per KV head) and the rest idle.
 
-use crate::backend::{AttnShape, Batch, KvCache};
+use crate::backend::{check_attention, AttnShape, Batch, CacheDims, KvCache};
 use crate::error::{Error, Result};
 
 use super::buffers::Meta;
 use super::encoder::f;
-use super::pipelines::ATTENTION;
-use super::{groups, shape_check, Cache, GpuBackend, Tensor};
+use super::pipelines::{wgsl, Shader};
+use super::{groups, Cache, GpuBackend, Tensor};
+
+const ATTENTION: Shader = Shader {
+    name: "attention",
+    source: wgsl!("attention"),
+    includes: &[],
+    snippets: &[("@kv_f32", wgsl!("kv_f32")), ("@kv_f16", wgsl!("kv_f16"))],
+};
 
 /// Head dimensions the kernel holds (64 threads x 4 values each). A kernel is built for the
 /// values per thread a head needs, so that a 64-wide head does not carry (and multiply) 256.
@@ -53,30 +60,10 @@ impl GpuBackend {
         s: AttnShape,
     ) -> Result<Tensor> {
         let (m, kv_dim, mask) = (batch.len(), cache.kv_dim, &batch.mask);
-        shape_check(
-            k.cols == kv_dim
-                && v.cols == kv_dim
-                && q.cols == s.n_heads * s.head_dim
-                && q.rows == m
-                && k.rows == m
-                && v.rows == m
-                && s.n_kv_heads * s.head_dim == kv_dim
-                && s.n_kv_heads > 0
-                && s.n_heads.is_multiple_of(s.n_kv_heads)
-                && batch.slots.len() == m
-                && mask.prefix.len() == m
-                && mask.extra.len() == m * mask.extra_stride,
-            "attention",
-        )?;
+        let dims = CacheDims { layers: cache.k.len(), capacity: cache.capacity, kv_dim };
+        check_attention([(q.rows, q.cols), (k.rows, k.cols), (v.rows, v.cols)], dims, layer, batch, &s)?;
         if s.head_dim > MAX_HEAD_DIM {
             return Err(Error::Unsupported(format!("head dimension {} (the GPU supports up to {MAX_HEAD_DIM})", s.head_dim)));
-        }
-        if layer >= cache.k.len() {
-            return Err(Error::InvalidArgument(format!("layer {layer} of a {}-layer cache", cache.k.len())));
-        }
-        let extent = batch.slot_extent();
-        if extent > cache.capacity {
-            return Err(Error::ContextOverflow { prompt: extent, requested: 0, context: cache.capacity });
         }
         let start: Vec<u32> = (0..m).map(|r| batch.window_start(r, s.window) as u32).collect();
         let key: Vec<u32> =

@@ -8,8 +8,10 @@ use crate::error::Result;
 
 use super::buffers::u32_bytes;
 use super::encoder::f;
-use super::pipelines::DRAW;
+use super::pipelines::{wgsl, Shader, ORDER, WORKGROUP_SUM};
 use super::{groups, GpuBackend, Tensor};
+
+const DRAW: Shader = Shader { name: "draw", source: wgsl!("draw"), includes: &[ORDER, WORKGROUP_SUM], snippets: &[] };
 
 impl GpuBackend {
     pub(super) fn draw_rows(&self, x: &Tensor, draw: &Draw) -> impl Future<Output = Result<Vec<Drawn>>> {

@@ -5,8 +5,10 @@ use crate::error::Result;
 
 use super::buffers::Meta;
 use super::encoder::f;
-use super::pipelines::ELEMENTWISE;
+use super::pipelines::{wgsl, Shader, GATE};
 use super::{groups, shape_check, GpuBackend, Tensor};
+
+const ELEMENTWISE: Shader = Shader { name: "elementwise", source: wgsl!("elementwise"), includes: &[GATE], snippets: &[] };
 
 impl GpuBackend {
     pub(super) fn glu_rows(&self, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {

@@ -4,8 +4,10 @@ use crate::error::{Error, Result};
 
 use super::buffers::Meta;
 use super::encoder::f;
-use super::pipelines::EMBED;
+use super::pipelines::{wgsl, Shader, DEQUANT};
 use super::{groups, GpuBackend, Tensor, Weight};
+
+const EMBED: Shader = Shader { name: "embed", source: wgsl!("embed"), includes: &[DEQUANT], snippets: &[] };
 
 impl GpuBackend {
     pub(super) fn embed_rows(&self, table: &Weight, ids: &[u32], scale: f32) -> Result<Tensor> {

@@ -14,9 +14,25 @@ use crate::error::{Error, Result};
 use crate::storage::quant::DType;
 
 use super::encoder::f;
-use super::pipelines::MATMUL;
+use super::pipelines::{wgsl, Shader, DEQUANT, GATE};
 use super::weights::{Part, Parts};
 use super::{groups, shape_check, GpuBackend, Tensor, Weight};
+
+/// The matmul's kernels; the units (units.wgsl) are its own.
+const MATMUL: Shader = Shader {
+    name: "matmul",
+    source: wgsl!("matmul"),
+    includes: &[DEQUANT, wgsl!("units"), GATE],
+    snippets: &[
+        ("@outs_one", wgsl!("outs_one")),
+        ("@outs_two", wgsl!("outs_two")),
+        ("@outs_three", wgsl!("outs_three")),
+        ("@sums_workgroup", wgsl!("sums_workgroup")),
+        ("@sums_subgroup", wgsl!("sums_subgroup")),
+        ("@x_vec4", wgsl!("x_vec4")),
+        ("@x_scalar", wgsl!("x_scalar")),
+    ],
+};
 
 /// Activation rows up to which the split-K kernel beats the tiled one.
 const SMALL_M: usize = 64;

@@ -10,6 +10,15 @@
 //!   f16 by default or in f32 ([`KvCache`]).
 //! - Batch metadata (token ids, RoPE tables, masks) is uploaded once per forward and shared by all
 //!   layers: uploads are cached by content, and every layer passes the same positions and mask.
+//!
+//! An op is one kernel file and one host file. Its WGSL is shaders/`op`.wgsl (the product's
+//! shaders are in one folder), built with shaders/common.wgsl before it: the `Params` binding, the
+//! invocation's ids every entry point takes (`inv: Invocation`) and its indices
+//! (`workgroup_index`, `global_index`). Its host file, src/backend/gpu/`op`.rs, declares the
+//! op's [`pipelines::Shader`] (with the shared functions it includes and the snippets it takes)
+//! and the `GpuBackend` method that checks the arguments and records the dispatch. A new op also
+//! adds its method to [`Backend`] (src/backend/mod.rs), and here the `mod` line and the line of
+//! `impl Backend` that calls the host file's method; nothing else lists ops.
 
 mod argmax;
 mod attention;
@@ -30,7 +39,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{all_ok, Activation, AttnShape, Backend, Batch, Draw, Drawn, KvCache, Rope, TopK};
+use crate::backend::{all_ok, shape_check, Activation, AttnShape, Backend, Batch, Draw, Drawn, KvCache, Rope, TopK};
 use crate::error::{Error, Result};
 use crate::storage::Weight as HostWeight;
 
@@ -224,14 +233,6 @@ impl GpuBackend {
 
     fn meta(&self, kind: buffers::Meta, key: &[u32], make: impl FnOnce(&[u32]) -> Vec<u32>) -> Result<wgpu::Buffer> {
         self.meta.lock().unwrap().get(&self.device, kind, key, make)
-    }
-}
-
-fn shape_check(ok: bool, what: &str) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!("tensor shape mismatch in {what}")))
     }
 }
 

@@ -3,8 +3,10 @@
 use crate::error::Result;
 
 use super::encoder::f;
-use super::pipelines::NORM;
+use super::pipelines::{wgsl, Shader};
 use super::{groups, shape_check, GpuBackend, Tensor, Weight};
+
+const NORM: Shader = Shader { name: "norm", source: wgsl!("norm"), includes: &[], snippets: &[] };
 
 impl GpuBackend {
     /// Each group of `w`'s length of consecutive values is a row to the kernel.

@@ -4,8 +4,10 @@ use crate::backend::{rope_table, Rope};
 use crate::error::Result;
 
 use super::buffers::Meta;
-use super::pipelines::ROPE;
+use super::pipelines::{wgsl, Shader};
 use super::{groups, shape_check, GpuBackend, Tensor};
+
+const ROPE: Shader = Shader { name: "rope", source: wgsl!("rope"), includes: &[], snippets: &[] };
 
 /// The key of a RoPE table: what [`rope_table`] computes it from.
 fn key(positions: &[u32], rope: &Rope) -> Vec<u32> {

@@ -9,8 +9,10 @@ use crate::error::Result;
 
 use super::buffers::Meta;
 use super::encoder::f;
-use super::pipelines::TOPK;
+use super::pipelines::{wgsl, Shader, ORDER, WORKGROUP_SUM};
 use super::{groups, GpuBackend, Tensor};
+
+const TOPK: Shader = Shader { name: "topk", source: wgsl!("topk"), includes: &[ORDER, WORKGROUP_SUM], snippets: &[] };
 
 // topk.wgsl sorts the k entries it keeps in workgroup memory of this many.
 const _: () = assert!(MAX_TOP_K == 512);
