@@ -17,7 +17,7 @@ use futures::future::LocalBoxFuture;
 
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::Batch;
-use saguaro::decode::spec::{AdaptiveK, Fault, Tree};
+use saguaro::decode::speculation::{AdaptiveK, Fault, Tree};
 use saguaro::decode::ssd::{Job, Reply};
 use saguaro::decode::{
     generate_ar, generate_sd, generate_sd_with, generate_ssd, Backup, DraftHost, DraftWorker, Drafter, FinishReason,

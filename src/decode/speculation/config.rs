@@ -1,4 +1,4 @@
-//! How SD and SSD are configured: the mode, K, SSD's fan-out, Saguaro factor and backup, and the
+//! How SD and SSD are configured: K, SSD's fan-out, Saguaro factor and backup, and the
 //! check that a draft can serve a target at all.
 
 use std::fmt;
@@ -18,39 +18,6 @@ pub const DEFAULT_CONFIDENCE: f32 = 0.0;
 
 /// How many of its likeliest tokens the draft samples among (see [`SpecConfig::draft_candidates`]).
 pub const DEFAULT_DRAFT_CANDIDATES: usize = 64;
-
-/// The decoding strategy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Autoregressive: one target forward per token.
-    Ar,
-    /// Speculative decoding.
-    Sd,
-    /// Speculative speculative decoding.
-    Ssd,
-}
-
-impl FromStr for Mode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "ar" => Ok(Mode::Ar),
-            "sd" => Ok(Mode::Sd),
-            "ssd" => Ok(Mode::Ssd),
-            _ => Err(Error::option("mode", format!("'{s}': expected ar, sd or ssd"))),
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Mode::Ar => "ar",
-            Mode::Sd => "sd",
-            Mode::Ssd => "ssd",
-        })
-    }
-}
 
 /// What SSD does when the verification outcome is not in the speculation cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -263,9 +230,6 @@ mod tests {
 
     #[test]
     fn parses_cli_strings() {
-        assert_eq!("ssd".parse::<Mode>().unwrap(), Mode::Ssd);
-        assert_eq!("ar".parse::<Mode>().unwrap().to_string(), "ar");
-        assert!("spec".parse::<Mode>().is_err());
         assert_eq!("fast".parse::<Backup>().unwrap(), Backup::Fast);
         assert_eq!(Backup::Jit.to_string(), "jit");
         assert!("slow".parse::<Backup>().is_err());
