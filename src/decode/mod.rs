@@ -95,7 +95,7 @@ pub fn on_worker(worker: DraftWorker, sd: bool) -> Vec<Box<dyn Strategy>> {
     let worker = SharedWorker::new(worker);
     let mut strategies: Vec<Box<dyn Strategy>> = Vec::new();
     if sd {
-        strategies.push(Box::new(Speculative::new(Box::new(WorkerDrafter::new(worker.clone())))));
+        strategies.push(Box::new(Speculative::new(Box::new(WorkerDrafter::shared(worker.clone())))));
     }
     strategies.push(Box::new(SpeculativeSpeculative::on_worker(worker)));
     strategies

@@ -472,6 +472,51 @@ impl SharedWorker {
     pub fn ready(&self) -> bool {
         self.worker.try_lock().is_none_or(|w| !w.has_stopped())
     }
+
+    /// See [`DraftWorker::room`].
+    fn room(&self, req: &Request, scratch: usize) -> usize {
+        req.room(context_of(&self.config, self.capacity, scratch))
+    }
+}
+
+/// A draft worker as a [`WorkerDrafter`] holds it: borrowed for one generation, or shared.
+enum Held<'a> {
+    Borrowed(&'a mut DraftWorker),
+    Shared(SharedWorker),
+}
+
+/// The worker a [`Held`] gives access to for one job and its reply.
+enum Access<'b> {
+    Borrowed(&'b mut DraftWorker),
+    Locked(MutexGuard<'b, DraftWorker>),
+}
+
+impl Held<'_> {
+    async fn get(&mut self) -> Access<'_> {
+        match self {
+            Held::Borrowed(w) => Access::Borrowed(w),
+            Held::Shared(w) => Access::Locked(w.lock().await),
+        }
+    }
+}
+
+impl std::ops::Deref for Access<'_> {
+    type Target = DraftWorker;
+    fn deref(&self) -> &DraftWorker {
+        match self {
+            Access::Borrowed(w) => w,
+            Access::Locked(w) => w,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Access<'_> {
+    fn deref_mut(&mut self) -> &mut DraftWorker {
+        match self {
+            Access::Borrowed(w) => w,
+            Access::Locked(w) => w,
+        }
+    }
 }
 
 /// SD's drafter when the draft model lives on SSD's worker (in the browser, its own Web Worker),
@@ -481,28 +526,36 @@ impl SharedWorker {
 /// drafter's and used for nothing else (the `rng` SD passes goes unused), and drafts as
 /// [`ModelDrafter`](crate::decode::ModelDrafter) does: the proposals are the ones that drafter
 /// would make on the same model.
-pub struct WorkerDrafter {
-    worker: SharedWorker,
+pub struct WorkerDrafter<'a> {
+    worker: Held<'a>,
     /// How many tokens the target accepted of the last proposal: sent with the next round's job.
     accepted: Option<usize>,
     /// Milliseconds the worker spent drafting in this generation.
     busy_ms: f64,
 }
 
-impl WorkerDrafter {
-    pub fn new(worker: SharedWorker) -> Self {
-        WorkerDrafter { worker, accepted: None, busy_ms: 0.0 }
+impl<'a> WorkerDrafter<'a> {
+    /// A drafter on `worker` for as long as it is borrowed.
+    pub fn new(worker: &'a mut DraftWorker) -> Self {
+        WorkerDrafter { worker: Held::Borrowed(worker), accepted: None, busy_ms: 0.0 }
     }
 }
 
-impl Drafter for WorkerDrafter {
+impl WorkerDrafter<'static> {
+    /// A drafter on a worker shared with SSD, for generation after generation.
+    pub fn shared(worker: SharedWorker) -> Self {
+        WorkerDrafter { worker: Held::Shared(worker), accepted: None, busy_ms: 0.0 }
+    }
+}
+
+impl Drafter for WorkerDrafter<'_> {
     fn name(&self) -> String {
         "model".into()
     }
 
     fn start<'a>(&'a mut self, req: &'a Request, spec: &'a SpecConfig) -> LocalBoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let mut worker = self.worker.lock().await;
+            let mut worker = self.worker.get().await;
             // Replies a cancelled earlier generation left behind.
             worker.finish().await;
             self.accepted = None;
@@ -524,7 +577,7 @@ impl Drafter for WorkerDrafter {
         _rng: &'a mut Rng,
     ) -> LocalBoxFuture<'a, Result<Proposal>> {
         Box::pin(async move {
-            let mut worker = self.worker.lock().await;
+            let mut worker = self.worker.get().await;
             worker.send(Job::Draft { accepted: self.accepted.take(), rec, n })?;
             match worker.recv().await? {
                 Reply::Drafted { proposal, span } => {
@@ -537,7 +590,10 @@ impl Drafter for WorkerDrafter {
     }
 
     fn room(&self, req: &Request) -> usize {
-        req.room(context_of(&self.worker.config, self.worker.capacity, 0))
+        match &self.worker {
+            Held::Borrowed(w) => w.room(req, 0),
+            Held::Shared(w) => w.room(req, 0),
+        }
     }
 
     fn accept(&mut self, _: &Proposal, accepted: usize) {
@@ -549,12 +605,15 @@ impl Drafter for WorkerDrafter {
     }
 
     fn ready(&self) -> bool {
-        self.worker.ready()
+        match &self.worker {
+            Held::Borrowed(w) => !w.has_stopped(),
+            Held::Shared(w) => w.ready(),
+        }
     }
 
     fn time(&mut self, tree_rows: usize) -> LocalBoxFuture<'_, Result<DraftTiming>> {
         Box::pin(async move {
-            let costs = self.worker.lock().await.measure(tree_rows).await?;
+            let costs = self.worker.get().await.measure(tree_rows).await?;
             Ok(DraftTiming { costs, prior: PRIOR_ACCEPTANCE })
         })
     }
