@@ -8,7 +8,7 @@ use super::generation::output::{Generation, Sink};
 use super::generation::request::Request;
 use super::generation::session::prefill;
 use super::generation::target_rows::sample_next;
-use super::mode::Mode;
+use super::strategy::Mode;
 use super::strategy::{Placement, Run, SelfGenerating, Strategy};
 use crate::error::Result;
 use crate::model::runner::{append, Lm, Want};

@@ -7,7 +7,7 @@
 //! all the branches), whichever is longer, plus K draft steps on a cache miss.
 
 use super::generation::costs::{Choice, Costs, Observed, MAX_K};
-use super::mode::Mode;
+use super::strategy::Mode;
 use super::speculation::{AdaptiveK, Fanout};
 
 /// SSD's cache hit rate on the code prompts (`saguaro bench`); a miss drafts K tokens first.

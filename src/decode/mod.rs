@@ -52,7 +52,6 @@
 pub mod autoregressive;
 pub mod choice;
 pub mod generation;
-pub mod mode;
 pub mod model_drafter;
 pub mod ngram;
 pub mod speculation;
@@ -68,15 +67,14 @@ pub use generation::{
     CancelToken, Choice, Costs, DraftCosts, FinishReason, Generation, Observed, RemoteStats, Request, RoundTimes, Sink,
     Stats, MAX_K,
 };
-pub use mode::Mode;
 pub use model_drafter::ModelDrafter;
-pub use ngram::{NgramConfig, PromptLookup};
+pub use ngram::PromptLookup;
 pub use speculation::{
-    check_draft, Backup, DraftTiming, Drafter, Fanout, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES,
+    check_draft, Backup, DraftTiming, Drafter, Fanout, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES,
 };
 pub use speculative::{generate_sd, generate_sd_with, Speculative};
 pub use ssd::{generate_ssd, DraftHost, DraftWorker, SharedWorker, SpeculativeSpeculative, WorkerDrafter};
-pub use strategy::{Placement, Run, SelfGenerating, Strategy};
+pub use strategy::{Mode, Placement, Run, SelfGenerating, Strategy};
 
 use crate::error::Result;
 

@@ -6,40 +6,13 @@ use futures::future::{ready, LocalBoxFuture};
 
 use super::generation::costs::DraftCosts;
 use super::generation::request::Request;
-use super::speculation::{DraftTiming, Drafter, Proposal, SpecConfig};
-use crate::error::{Error, Result};
+use super::speculation::{DraftTiming, Drafter, NgramConfig, Proposal, SpecConfig};
+use crate::error::Result;
 use crate::sampling::{Rng, SamplingParams};
 
 /// Per-token acceptance assumed for prompt lookup before any generation has measured it: on text
 /// that partly copies its input.
 const PRIOR_LOOKUP_ACCEPTANCE: f64 = 0.6;
-
-/// Matches are tried from `max` suffix tokens down to `min`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NgramConfig {
-    pub min: usize,
-    pub max: usize,
-}
-
-impl Default for NgramConfig {
-    /// One-token matches propose mostly noise, which costs verification; three tokens of context
-    /// find the copied passage.
-    fn default() -> Self {
-        NgramConfig { min: 2, max: 3 }
-    }
-}
-
-impl NgramConfig {
-    pub fn validate(&self) -> Result<()> {
-        if self.min == 0 || self.min > self.max {
-            return Err(Error::InvalidArgument(format!(
-                "n-gram lengths must satisfy 1 <= min <= max, got {}..{}",
-                self.min, self.max
-            )));
-        }
-        Ok(())
-    }
-}
 
 pub struct PromptLookup {
     config: NgramConfig,

@@ -12,7 +12,7 @@ use super::generation::costs::{Choice, Costs};
 use super::generation::output::{Generation, Sink};
 use super::generation::request::Request;
 use super::generation::session::{prefill, Decoding};
-use super::mode::Mode;
+use super::strategy::Mode;
 use super::model_drafter::ModelDrafter;
 use super::ngram::PromptLookup;
 use super::speculation::{check_draft, draft_rng, timed, verify, DraftTiming, Drafter, SpecConfig, Tally};

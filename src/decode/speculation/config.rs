@@ -5,7 +5,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::adapt::AdaptiveK;
-use super::tree::Tree;
 use crate::backend::MAX_TOP_K;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
@@ -187,12 +186,6 @@ impl SpecConfig {
         }
     }
 
-    /// KV slots the draft needs beyond prompt + output for SSD's glue pass and tree: size the
-    /// draft's cache with this.
-    pub fn draft_scratch(&self) -> usize {
-        Tree::scratch(self.k, self.fanout.max_branches(self.k), self.k)
-    }
-
     pub fn validate(&self) -> Result<()> {
         if self.k == 0 || self.k > 64 {
             return Err(Error::option("spec_k", format!("draft tokens per round must be in 1..=64, got {}", self.k)));
@@ -210,6 +203,33 @@ impl SpecConfig {
             return Err(Error::option("draft_candidates", format!("must be in 1..={MAX_TOP_K}, got {n}")));
         }
         self.fanout.validate()
+    }
+}
+
+/// Prompt lookup (`crate::decode::ngram`): matches are tried from `max` suffix tokens down to `min`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NgramConfig {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl Default for NgramConfig {
+    /// One-token matches propose mostly noise, which costs verification; three tokens of context
+    /// find the copied passage.
+    fn default() -> Self {
+        NgramConfig { min: 2, max: 3 }
+    }
+}
+
+impl NgramConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.min == 0 || self.min > self.max {
+            return Err(Error::InvalidArgument(format!(
+                "n-gram lengths must satisfy 1 <= min <= max, got {}..{}",
+                self.min, self.max
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -27,7 +27,7 @@ mod verify;
 
 pub use adapt::{judged, AdaptiveK};
 pub use config::{
-    check_draft, Backup, Fanout, Fault, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES, DEFAULT_WIDTH,
+    check_draft, Backup, Fanout, Fault, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES, DEFAULT_WIDTH,
 };
 pub(crate) use drafter::{draft_rng, Drafting};
 pub use drafter::{DraftTiming, Drafter, Proposal, PRIOR_ACCEPTANCE};

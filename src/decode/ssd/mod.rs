@@ -30,7 +30,7 @@ use futures::future::LocalBoxFuture;
 
 use super::generation::costs::Costs;
 use super::generation::output::Generation;
-use super::mode::Mode;
+use super::strategy::Mode;
 use super::speculation::SpecConfig;
 use super::strategy::{Placement, Run, Strategy};
 use crate::error::{Error, Result};

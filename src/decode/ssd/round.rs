@@ -6,7 +6,7 @@ use crate::decode::generation::output::{Generation, Sink};
 use crate::decode::generation::request::Request;
 use crate::decode::generation::session::{prefill, Decoding};
 use crate::decode::generation::stats::Stats;
-use crate::decode::mode::Mode;
+use crate::decode::strategy::Mode;
 use crate::decode::speculation::{check_draft, timed, verify, Outcome, Proposal, SpecConfig, Tally};
 use crate::error::Result;
 use crate::model::runner::Lm;

@@ -2,16 +2,18 @@
 //! once from what the engine placed ([`Placement`]), holding whatever it runs with beside the
 //! target (a draft model, prompt lookup, the draft worker, a server that generates on its own),
 //! and run once per generation ([`Run`]). The engine keeps the prepared strategies as trait
-//! objects and never matches on modes.
+//! objects and never matches on modes. [`Mode`] names the modes, once.
 
 use futures::future::LocalBoxFuture;
 
-use super::generation::costs::{Choice, Costs};
-use super::generation::output::{Generation, Sink};
-use super::generation::request::Request;
-use super::mode::Mode;
-use super::ngram::NgramConfig;
-use super::speculation::{DraftTiming, SpecConfig};
+mod mode;
+
+pub use mode::Mode;
+
+use crate::decode::generation::costs::{Choice, Costs};
+use crate::decode::generation::output::{Generation, Sink};
+use crate::decode::generation::request::Request;
+use crate::decode::speculation::{DraftTiming, NgramConfig, SpecConfig};
 use crate::error::Result;
 use crate::model::runner::{BoxedLm, Lm};
 

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 /// A decoding strategy, as a generation asks for it. What runs it is the [`Strategy`] of that
 /// mode the engine prepared.
 ///
-/// [`Strategy`]: super::strategy::Strategy
+/// [`Strategy`]: super::Strategy
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Autoregressive: one target forward per token.
