@@ -597,11 +597,6 @@ impl Engine {
         self.has_draft
     }
 
-    /// The modes this engine can run, AR first.
-    pub fn modes(&self) -> Vec<Mode> {
-        self.strategies.iter().map(|s| s.mode()).collect()
-    }
-
     /// Milliseconds of a target forward over each of `sizes` tokens from an empty context, every
     /// position's argmax read back as a verification reads it; the best of `rounds` (other work on
     /// the machine only ever adds time). Every generation starts its target afresh, so what the

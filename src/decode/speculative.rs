@@ -1,6 +1,8 @@
 //! Speculative decoding (SD): a drafter proposes up to K tokens, the target checks all of them in
 //! one forward, and verification keeps the output exactly the target's (token for token when
-//! greedy, in distribution when sampling). Everything but the loop is shared with SSD in `speculation`.
+//! greedy, in distribution when sampling). Everything but the loop is shared with SSD in
+//! `speculation`. The engine's SD is [`Speculative`]: one [`Drafter`] (a draft model here, prompt
+//! lookup, or the draft worker SSD also uses) serving generation after generation.
 //!
 //! One round, after the committed sequence whose newest token is `rec`: the drafter proposes
 //! s1..sn -> the target verifies [rec, s1..sn] into the outcome (k, t*) -> the drafter keeps what

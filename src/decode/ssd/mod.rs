@@ -2,8 +2,7 @@
 //! own worker) already speculates round t + 1 for the likeliest verification outcomes (k, t*),
 //! so that when the target finishes, the next draft tokens are usually ready at once.
 //!
-//! One round (`Ssd::round` here on the target's side; the draft's side answers its jobs in
-//! `draft`):
+//! One round (`round` on the target's side; the draft's side answers its jobs in `draft`):
 //! 1. propose: the draft commits the last round's outcome and answers with the speculation it
 //!    cached for that outcome (a hit) or, on a miss, with its backup;
 //! 2. speculate: the draft starts its glue pass over [rec, proposal] and the tree over the
@@ -12,8 +11,11 @@
 //! 4. commit: s1..sk and t* join the output, and t* is the next round's `rec`;
 //! 5. the target waits for the speculation, the cache the next proposal comes from.
 //!
-//! The draft's KV cache follows the rules shared with SD (`speculation`'s `kv` module): the glue pass
-//! and the tree are scratch until the outcome commits rec, s1..sk.
+//! The draft's KV cache follows the rules shared with SD (`speculation`'s `kv` module): the glue
+//! pass and the tree are scratch until the outcome commits rec, s1..sk.
+//!
+//! This file is SSD's [`Strategy`]: the draft on its worker (shared with SD where one draft serves
+//! both), prepared where a draft model can run beside the target.
 //!
 //! The overlap pays only if the glue pass and the tree steps take no longer than a verify:
 //! `Stats` reports `glue_ms_mean`, `tree_step_ms_mean` and `verify_ms_mean` to choose K by.
