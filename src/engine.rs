@@ -8,24 +8,26 @@
 //! engine keeps only what it still needs: a model bound for the GPU has been uploaded, so its host
 //! copy is freed here.
 
+use futures::future::LocalBoxFuture;
+
 use crate::backend::cpu::{CpuBackend, Precision};
 use crate::backend::{Backend, KvCache};
+use crate::decode::speculation::judged;
 use crate::decode::{
-    generate_ar, generate_sd, generate_sd_with, generate_ssd, Choice, Costs, DraftCosts, DraftWorker, Fanout, FinishReason,
-    Mode, NgramConfig, PromptLookup, Request, RoundTimes, SpecConfig, Stats, WorkerDrafter,
+    Candidate, Choice, Costs, DraftWorker, FinishReason, Mode, NgramConfig, Placement, Request, RoundTimes, Run,
+    SelfGenerating, SpecConfig, Stats, Strategy,
 };
-use crate::decode::spec::judged;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::load::ModelFile;
-use crate::storage::quant::DType;
+use crate::model::runner::{BoxedLm, Lm, Runner};
 use crate::model::slim::{check_quant, frequent_tokens, Slimming};
 use crate::model::stream::StreamedModel;
-use crate::model::runner::{BoxedLm, Lm, Runner};
 use crate::model::tokenizer::{apply_chat_template, ChatMessage, StreamDecoder, Tokenizer};
 use crate::model::transformer::Transformer;
 use crate::model::weights::ModelWeights;
 use crate::sampling::SamplingParams;
+use crate::storage::quant::DType;
 
 /// Where a model runs.
 #[derive(Clone, Debug, PartialEq)]
@@ -226,20 +228,16 @@ pub struct Engine {
     tokenizer: Tokenizer,
     chat_template: Option<String>,
     target: BoxedLm,
-    /// Whether a separate draft model was given (otherwise the target drafts for itself).
-    separate_draft: bool,
-    sd_draft: Option<BoxedLm>,
-    ssd_draft: Option<DraftWorker>,
-    /// SD drafts through `ssd_draft`'s worker (a draft in a browser Web Worker serving both
-    /// modes), the engine holding no draft model of its own.
-    sd_on_worker: bool,
-    /// The target for SSD when it shares the CPU with its draft: on its part of the cores.
-    ssd_target: Option<BoxedLm>,
-    lookup: Option<NgramConfig>,
+    /// The prepared modes, AR first.
+    strategies: Vec<Box<dyn Strategy>>,
+    /// The modes a draft attached later serves ([`Engine::attach_draft`]): another replaces them.
+    attached: Vec<Mode>,
+    /// Whether a draft other than the target was given (a model, prompt lookup, or a worker).
+    has_draft: bool,
     spec: SpecConfig,
     /// The measured choice of mode and K, refined by the acceptance later generations see.
     choice: Option<Choice>,
-    /// A target on a server: its request counters, and a handle for mode AR.
+    /// A target on a server: its request counters, and the server for timing its decode.
     remote: Option<Remote>,
     /// Whether the target computes on the CPU (for a draft attached later: does it run beside?).
     target_cpu: bool,
@@ -249,7 +247,6 @@ pub struct Engine {
 
 struct Remote {
     link: crate::remote::RemoteLink,
-    /// The server again, for mode AR: it generates on its own there.
     server: crate::remote::RemoteTarget,
 }
 
@@ -267,11 +264,6 @@ const AR_PROBE_TOKENS: usize = 16;
 pub const DEFAULT_DRAFT_QUANT: Option<DType> = Some(DType::Q4K);
 pub const DEFAULT_DRAFT_HEAD: Option<usize> = Some(65_536);
 
-/// Per-token acceptance assumed before any generation has measured it: a model draft of the
-/// target's family on code (measured 0.8-0.9), prompt lookup on text that partly copies its input.
-const PRIOR_ACCEPTANCE: f64 = 0.8;
-const PRIOR_LOOKUP_ACCEPTANCE: f64 = 0.6;
-
 /// The per-token acceptance of a generation's rounds (accepted over judged draft tokens, see
 /// [`judged`]) and the K most of them drafted (the longer of two as common), if it ran any.
 fn rounds_seen(rounds: &[RoundTimes]) -> Option<(f64, usize)> {
@@ -285,10 +277,10 @@ fn rounds_seen(rounds: &[RoundTimes]) -> Option<(f64, usize)> {
     (judged_tokens > 0).then(|| (accepted as f64 / judged_tokens as f64, usual))
 }
 
-/// SSD's threads (target, draft) when both models run on all the CPU's cores by default (0
-/// threads each) and the draft on a thread of its own: SSD runs them at once, so they split the
-/// cores rather than oversubscribe them. SD and AR run one model at a time, on all cores.
-/// Thread counts given explicitly are left as they are.
+/// The threads (target, draft) when both models run on all the CPU's cores by default (0
+/// threads each) and a draft runs beside the target on a thread of its own (SSD): they run at
+/// once, so they split the cores rather than oversubscribe them. Models that run one at a time
+/// (AR, SD) use all cores. Thread counts given explicitly are left as they are.
 fn cpu_split(opts: &EngineOptions) -> Option<(usize, usize)> {
     let all = |d: &Device| matches!(d, Device::Cpu { threads: 0, .. });
     if !(opts.ssd_thread && all(&opts.target) && all(&opts.draft)) {
@@ -324,27 +316,78 @@ pub fn check_vocab(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
     Ok(())
 }
 
-/// The draft's runners for the modes `wants` names: one on `opts.draft` for SD, one on
-/// `ssd_device` for SSD (on a thread of its own where `opts.ssd_thread`).
-async fn draft_runners(
-    weights: &ModelWeights,
+/// The engine's placement as the strategies prepare themselves from it.
+struct Placer<'a> {
+    opts: &'a EngineOptions,
+    vocab: usize,
+    /// The weights a draft drafts with: the draft model's, made cheaper, or the target's.
+    draft: Option<&'a ModelWeights>,
+    /// The target's weights, where the engine holds them (not for a placed or server target).
+    target: Option<&'a ModelWeights>,
+    /// The draft's KV slots.
     capacity: usize,
-    opts: &EngineOptions,
-    ssd_device: &Device,
-    wants: impl Fn(Mode) -> bool,
-) -> Result<(Option<BoxedLm>, Option<DraftWorker>)> {
-    let sd = match wants(Mode::Sd) {
-        true => Some(opts.draft.runner(weights, capacity).await?),
-        false => None,
-    };
-    let ssd = match wants(Mode::Ssd) {
-        true => {
-            let lm = ssd_device.runner(weights, capacity).await?;
-            Some(if opts.ssd_thread { DraftWorker::new(lm)? } else { DraftWorker::inline(lm) })
+    /// (target, draft) threads when a draft beside the target shares the CPU with it.
+    split: Option<(usize, usize)>,
+    server: Option<crate::remote::RemoteTarget>,
+}
+
+impl Placer<'_> {
+    async fn draft_on(&self, device: &Device) -> Result<Option<BoxedLm>> {
+        match self.draft {
+            Some(w) => Ok(Some(device.runner(w, self.capacity).await?)),
+            None => Ok(None),
         }
-        false => None,
-    };
-    Ok((sd, ssd))
+    }
+}
+
+/// `device` on `threads` of the CPU's cores, where it is the CPU and `threads` are given.
+fn on_threads(device: &Device, threads: Option<usize>) -> Option<Device> {
+    match (device, threads) {
+        (Device::Cpu { precision, .. }, Some(threads)) => Some(Device::Cpu { threads, precision: *precision }),
+        _ => None,
+    }
+}
+
+impl Placement for Placer<'_> {
+    fn modes(&self) -> &[Mode] {
+        &self.opts.modes
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn lookup(&self) -> Option<NgramConfig> {
+        self.opts.lookup
+    }
+
+    fn draft(&mut self) -> LocalBoxFuture<'_, Result<Option<BoxedLm>>> {
+        Box::pin(self.draft_on(&self.opts.draft))
+    }
+
+    fn draft_beside(&mut self) -> LocalBoxFuture<'_, Result<Option<BoxedLm>>> {
+        Box::pin(async move {
+            let device = on_threads(&self.opts.draft, self.split.map(|s| s.1)).unwrap_or_else(|| self.opts.draft.clone());
+            self.draft_on(&device).await
+        })
+    }
+
+    fn draft_thread(&self) -> bool {
+        self.opts.ssd_thread
+    }
+
+    fn target_beside(&mut self) -> LocalBoxFuture<'_, Result<Option<BoxedLm>>> {
+        Box::pin(async move {
+            match (on_threads(&self.opts.target, self.split.map(|s| s.0)), self.target) {
+                (Some(device), Some(w)) => Ok(Some(device.runner(w, target_context(&w.config, self.opts)).await?)),
+                _ => Ok(None),
+            }
+        })
+    }
+
+    fn server(&mut self) -> Option<Box<dyn SelfGenerating>> {
+        self.server.take().map(|s| Box::new(s) as Box<dyn SelfGenerating>)
+    }
 }
 
 impl Engine {
@@ -375,69 +418,49 @@ impl Engine {
             if draft.is_some() {
                 return Err(Error::InvalidArgument("prompt lookup drafts without a draft model: give one or the other".into()));
             }
-            if opts.modes.contains(&Mode::Ssd) {
-                return Err(Error::InvalidArgument(lookup_ssd()));
-            }
         }
-        // Prompt lookup replaces the draft model.
-        let wants = |m: Mode| opts.lookup.is_none() && (opts.modes.is_empty() || opts.modes.contains(&m));
         let mut target_lm = wrap(match (placed, &target_weights) {
             (Some(lm), _) => lm,
             (None, Some(w)) => opts.target.runner(w, target_context(&w.config, opts)).await?,
             (None, None) => unreachable!("a target is a file or placed"),
         });
-        let capacity = Self::capacity(target_lm.config(), opts);
-        let separate_draft = draft.is_some();
-        // A draft model made cheaper, once for both its runners; the target drafting for itself
-        // stays as it is (a placed target has no weights here to draft with).
+        // A draft model made cheaper, once for all its runners; the target drafting for itself
+        // stays as it is (a placed target has no weights here to draft with). Prompt lookup
+        // replaces the draft model.
         let slimmed = match &draft {
             Some(d) => Some(slimming(d, opts).apply(&d.weights)?),
             None => None,
         };
-        let split = cpu_split(opts);
-        let ssd_device = match (split, &opts.draft) {
-            (Some((_, threads)), Device::Cpu { precision, .. }) => Device::Cpu { threads, precision: *precision },
-            _ => opts.draft.clone(),
+        let mut placer = Placer {
+            opts,
+            vocab: target_lm.config().vocab_size,
+            draft: slimmed.as_ref().or(target_weights.as_ref()).filter(|_| opts.lookup.is_none()),
+            target: target_weights.as_ref(),
+            capacity: Self::capacity(target_lm.config(), opts),
+            split: cpu_split(opts),
+            server: None,
         };
-        let (mut sd_draft, ssd_draft) = match slimmed.as_ref().or(target_weights.as_ref()) {
-            Some(w) => draft_runners(w, capacity, opts, &ssd_device, wants).await?,
-            None => (None, None),
-        };
-        let ssd_target = match (split, &opts.target, &target_weights) {
-            (Some((threads, _)), Device::Cpu { precision, .. }, Some(w)) if ssd_draft.is_some() => {
-                Some(Device::Cpu { threads, precision: *precision }.runner(w, target_context(&w.config, opts)).await?)
+        let mut strategies = crate::decode::prepare(&mut placer).await?;
+        let has_draft = draft.is_some() || opts.lookup.is_some();
+        let cpu = |d: &Device| matches!(d, Device::Cpu { .. });
+        let choice = match has_draft && opts.auto && opts.modes.len() != 1 {
+            true => {
+                let beside = !(cpu(&opts.target) && cpu(&opts.draft));
+                measure_choice(target_lm.as_mut(), None, &mut strategies, &opts.spec, beside, None).await?
             }
-            _ => None,
-        };
-        let several_modes = opts.modes.len() != 1;
-        let choice = match (draft.is_some() || opts.lookup.is_some()) && opts.auto && several_modes {
-            true if opts.lookup.is_some() => {
-                let costs = Costs::measure(target_lm.as_mut(), None, false, 0).await?;
-                Some(costs.choose(PRIOR_LOOKUP_ACCEPTANCE, None))
-            }
-            true if sd_draft.is_some() => {
-                let cpu = |d: &Device| matches!(d, Device::Cpu { .. });
-                let parallel = !(cpu(&opts.target) && cpu(&opts.draft));
-                let draft_lm = sd_draft.as_deref_mut().map(|d| d as &mut dyn Lm);
-                let costs = Costs::measure(target_lm.as_mut(), draft_lm, parallel, tree_rows(&opts.spec)).await?;
-                Some(costs.choose(PRIOR_ACCEPTANCE, ssd_candidate(&ssd_draft, &opts.spec)))
-            }
-            _ => None,
+            false => None,
         };
         Ok(Engine {
             tokenizer,
             chat_template,
             target: target_lm,
-            separate_draft,
-            sd_draft,
-            ssd_draft,
-            sd_on_worker: false,
-            ssd_target,
-            lookup: opts.lookup,
+            strategies,
+            attached: Vec::new(),
+            has_draft,
             spec: opts.spec.clone(),
             choice,
             remote: None,
-            target_cpu: matches!(opts.target, Device::Cpu { .. }),
+            target_cpu: cpu(&opts.target),
             auto: opts.auto,
         })
     }
@@ -451,32 +474,32 @@ impl Engine {
         }
         target.check_vocab(draft.weights.config.vocab_size, &draft.tokenizer.vocab_fingerprint())?;
         crate::decode::check_draft(target.config(), &draft.weights.config)?;
-        let capacity = Self::capacity(target.config(), opts);
         let mut remote = Remote { link: target.link(), server: target.fork() };
-        let mut target_lm: BoxedLm = Box::new(target);
-        let wants = |m: Mode| opts.modes.is_empty() || opts.modes.contains(&m);
         let slimmed = slimming(&draft, opts).apply(&draft.weights)?;
-        let (mut sd_draft, ssd_draft) = draft_runners(&slimmed, capacity, opts, &opts.draft, wants).await?;
+        let mut placer = Placer {
+            opts,
+            vocab: target.config().vocab_size,
+            draft: Some(&slimmed),
+            target: None,
+            capacity: Self::capacity(target.config(), opts),
+            split: None,
+            server: Some(target.fork()),
+        };
+        let mut strategies = crate::decode::prepare(&mut placer).await?;
+        let mut target_lm: BoxedLm = Box::new(target);
         // The server computes beside the draft, so SSD's overlap is real wherever the draft
         // answers on a worker of its own.
-        let choice = match (opts.auto && opts.modes.len() != 1, sd_draft.as_deref_mut()) {
-            (true, Some(d)) => {
-                let costs = remote_target_costs(target_lm.as_mut(), &mut remote).await?;
-                let costs = costs.with_draft(DraftCosts::measure(d, tree_rows(&opts.spec)).await?);
-                Some(costs.choose(PRIOR_ACCEPTANCE, ssd_candidate(&ssd_draft, &opts.spec)))
-            }
-            _ => None,
+        let choice = match opts.auto && opts.modes.len() != 1 {
+            true => measure_choice(target_lm.as_mut(), Some(&mut remote), &mut strategies, &opts.spec, true, None).await?,
+            false => None,
         };
         Ok(Engine {
             tokenizer: draft.tokenizer,
             chat_template: draft.chat_template,
             target: target_lm,
-            separate_draft: true,
-            sd_draft,
-            ssd_draft,
-            sd_on_worker: false,
-            ssd_target: None,
-            lookup: None,
+            strategies,
+            attached: Vec::new(),
+            has_draft: true,
             spec: opts.spec.clone(),
             choice,
             remote: Some(remote),
@@ -488,9 +511,9 @@ impl Engine {
     /// A server target returns its `top_n` likeliest tokens per position: sampling from them is
     /// the target's own sampling only when top-k keeps no more than those. (In mode AR the
     /// server samples on its own, from the whole distribution.)
-    fn check_remote_sampling(&self, mode: Mode, sampling: &SamplingParams) -> Result<()> {
+    fn check_remote_sampling(&self, strategy: &dyn Strategy, sampling: &SamplingParams) -> Result<()> {
         let Some(n) = self.remote.as_ref().map(|r| r.server.options().top_n) else { return Ok(()) };
-        if mode == Mode::Ar || sampling.is_greedy() || (1..=n).contains(&sampling.top_k) {
+        if !strategy.verifies() || sampling.is_greedy() || (1..=n).contains(&sampling.top_k) {
             return Ok(());
         }
         Err(Error::option(
@@ -509,19 +532,14 @@ impl Engine {
     }
 
     /// Use `draft` (a draft in a browser Web Worker) for SSD from now on, and with `sd` for SD
-    /// too (through [`WorkerDrafter`]: the engine then holds no draft model, one copy serving both
-    /// modes); `vocab_fingerprint` is its tokenizer's [`Tokenizer::vocab_fingerprint`], `draft_cpu`
-    /// whether it computes on the CPU. A measured choice of mode is made again with SSD among the
-    /// candidates; where SD comes with this draft and none was made yet, the target is timed here
-    /// and the draft in its worker, and the choice made from those times (as
-    /// [`Engine::new`] makes it with a local draft).
-    pub async fn attach_draft(
-        &mut self,
-        mut draft: DraftWorker,
-        vocab_fingerprint: &str,
-        sd: bool,
-        draft_cpu: bool,
-    ) -> Result<()> {
+    /// too (through [`WorkerDrafter`](crate::decode::WorkerDrafter): the engine then holds no
+    /// draft model of its own, one copy serving both modes); `vocab_fingerprint` is its
+    /// tokenizer's [`Tokenizer::vocab_fingerprint`], `draft_cpu` whether it computes on the CPU.
+    /// A measured choice of mode is made again with SSD among the candidates; where SD comes
+    /// with this draft and none was made yet, the target is timed here and the draft in its
+    /// worker, and the choice made from those times (as [`Engine::new`] makes it with a local
+    /// draft).
+    pub async fn attach_draft(&mut self, draft: DraftWorker, vocab_fingerprint: &str, sd: bool, draft_cpu: bool) -> Result<()> {
         let ours = self.tokenizer.vocab_fingerprint();
         if ours != vocab_fingerprint {
             return Err(Error::IncompatibleDraft(format!(
@@ -529,28 +547,25 @@ impl Engine {
             )));
         }
         crate::decode::check_draft(self.target.config(), draft.config())?;
-        let sd = sd && self.sd_draft.is_none() && self.lookup.is_none();
-        let costs = match &self.choice {
-            Some(c) => Some(c.costs.clone()),
+        // A draft attached before gives way; SD with a draft of the engine's own keeps it.
+        let attached = std::mem::take(&mut self.attached);
+        self.strategies.retain(|s| !attached.contains(&s.mode()));
+        let sd = sd && !self.strategies.iter().any(|s| s.mode() == Mode::Sd);
+        // A draft that computes beside the target has its speculation timed too.
+        let beside = !(self.target_cpu && draft_cpu) && draft.is_concurrent();
+        let fresh = crate::decode::on_worker(draft, sd);
+        self.attached = fresh.iter().map(|s| s.mode()).collect();
+        self.strategies.retain(|s| !self.attached.contains(&s.mode()));
+        self.strategies.extend(fresh);
+        self.has_draft = true;
+        self.choice = match self.choice.take() {
+            Some(c) => Some(c.costs.choose(c.acceptance, &candidates(&self.strategies, &self.spec))),
             None if sd && self.auto => {
-                // A draft that computes beside the target has its speculation timed too.
-                let parallel = !(self.target_cpu && draft_cpu) && draft.is_concurrent();
-                let costs = match &mut self.remote {
-                    Some(remote) => remote_target_costs(self.target.as_mut(), remote).await?,
-                    None => Costs::measure_target(self.target.as_mut(), parallel).await?,
-                };
-                let rows = if parallel { tree_rows(&self.spec) } else { 0 };
-                Some(costs.with_draft(draft.measure(rows).await?))
+                let target = self.target.as_mut();
+                measure_choice(target, self.remote.as_mut(), &mut self.strategies, &self.spec, beside, None).await?
             }
             None => None,
         };
-        self.ssd_draft = Some(draft);
-        self.sd_on_worker = sd;
-        if let Some(costs) = costs {
-            let acceptance = self.choice.as_ref().map_or(PRIOR_ACCEPTANCE, |c| c.acceptance);
-            self.choice = Some(costs.choose(acceptance, ssd_candidate(&self.ssd_draft, &self.spec)));
-        }
-        self.separate_draft = true;
         Ok(())
     }
 
@@ -574,12 +589,12 @@ impl Engine {
     /// Where the engine's own draft model runs, in words; `None` where it holds none (no draft,
     /// prompt lookup, or a draft held by a worker elsewhere, which reports its own).
     pub fn draft_backend(&self) -> Option<String> {
-        self.sd_draft.as_ref().map(|d| d.backend_name())
+        self.strategies.iter().find_map(|s| s.draft_backend())
     }
 
     /// Whether a draft other than the target was given (a model or prompt lookup).
     pub fn has_draft(&self) -> bool {
-        self.separate_draft || self.lookup.is_some()
+        self.has_draft
     }
 
     /// Milliseconds of a target forward over each of `sizes` tokens from an empty context, every
@@ -598,7 +613,7 @@ impl Engine {
             )));
         }
         self.target.truncate(0);
-        crate::decode::choice::time_forwards(self.target.as_mut(), sizes, rounds).await
+        crate::decode::time_forwards(self.target.as_mut(), sizes, rounds).await
     }
 
     /// The measured choice of mode and K, when the engine made one.
@@ -606,36 +621,25 @@ impl Engine {
         self.choice.as_ref()
     }
 
-    /// The mode a generation runs in when none is asked for: the measured choice (mode auto), SD
-    /// for prompt lookup, SSD when its draft computes beside the target; with the SSD draft
-    /// inline, its speculation would only add to every round, so SD. A mode whose draft worker
-    /// has stopped gives way to AR until another is attached.
+    /// The mode a generation runs in when none is asked for: the measured choice (mode auto), else
+    /// AR without a draft of its own, else the prepared mode that prefers itself most (SSD when
+    /// its draft computes beside the target; SD, with prompt lookup or where SSD's draft runs
+    /// inline, whose speculation would only add to every round). A mode whose draft worker has
+    /// stopped gives way to AR until another is attached.
     pub fn default_mode(&self) -> Mode {
-        let mode = self.preferred_mode();
-        let on_worker = mode == Mode::Ssd || (mode == Mode::Sd && self.sd_draft.is_none() && self.lookup.is_none());
-        match &self.ssd_draft {
-            Some(w) if on_worker && w.has_stopped() => Mode::Ar,
-            _ => mode,
+        let preferred = match &self.choice {
+            Some(c) => c.mode(),
+            None if !self.has_draft => Mode::Ar,
+            None => self.strategies.iter().max_by_key(|s| s.preference()).map_or(Mode::Ar, |s| s.mode()),
+        };
+        match self.strategy(preferred) {
+            Some(s) if !s.ready() => Mode::Ar,
+            _ => preferred,
         }
     }
 
-    fn preferred_mode(&self) -> Mode {
-        if let Some(c) = &self.choice {
-            return c.mode();
-        }
-        if self.lookup.is_some() {
-            return Mode::Sd;
-        }
-        if !self.separate_draft {
-            return Mode::Ar;
-        }
-        match (&self.ssd_draft, &self.sd_draft) {
-            (Some(ssd), _) if ssd.is_concurrent() => Mode::Ssd,
-            (_, Some(_)) => Mode::Sd,
-            (Some(_), None) if self.sd_on_worker => Mode::Sd,
-            (Some(_), None) => Mode::Ssd,
-            (None, None) => Mode::Ar,
-        }
+    fn strategy(&self, mode: Mode) -> Option<&dyn Strategy> {
+        self.strategies.iter().find(|s| s.mode() == mode).map(|s| s.as_ref())
     }
 
     /// The prompt's token ids.
@@ -667,15 +671,18 @@ impl Engine {
     ) -> Result<Completion> {
         opts.validate()?;
         let mode = opts.mode.unwrap_or_else(|| self.default_mode());
-        self.check_remote_sampling(mode, &opts.sampling)?;
+        let at = self.strategies.iter().position(|s| s.mode() == mode).ok_or_else(|| not_prepared(mode))?;
+        self.check_remote_sampling(self.strategies[at].as_ref(), &opts.sampling)?;
         let ids = self.encode(prompt)?;
         let auto = self.choice.as_ref().filter(|_| opts.mode.is_none() && opts.spec.is_none());
         let spec = match &opts.spec {
-            // SD's K then follows the acceptance the generation shows, round by round.
-            None if auto.is_some() => SpecConfig {
-                k: auto.map_or(self.spec.k, |c| c.k),
-                adapt: auto.filter(|_| mode == Mode::Sd).and_then(|c| c.costs.adaptive_k(c.acceptance)),
-                ..self.spec.clone()
+            None => match auto {
+                Some(c) => {
+                    let mut spec = SpecConfig { k: c.k, ..self.spec.clone() };
+                    self.strategies[at].tune(&mut spec, c);
+                    spec
+                }
+                None => self.spec.clone(),
             },
             Some(s) if s.draft_scratch() > self.spec.draft_scratch() => {
                 return Err(Error::InvalidArgument(format!(
@@ -684,8 +691,8 @@ impl Engine {
                 )))
             }
             Some(s) => s.clone(),
-            None => self.spec.clone(),
         };
+        let auto = auto.is_some();
         let req = Request {
             prompt: ids,
             max_tokens: opts.max_tokens,
@@ -714,34 +721,8 @@ impl Engine {
             }
             on_text(&text, toks.len())
         };
-        let target: &mut dyn Lm = self.target.as_mut();
-        let g = match mode {
-            Mode::Ar if self.remote.is_some() => {
-                let remote = self.remote.as_mut().ok_or_else(|| not_prepared(mode))?;
-                remote.server.generate_on_server(&req, &mut sink).await
-            }
-            Mode::Ar => generate_ar(target, &req, &mut sink).await,
-            Mode::Sd if self.lookup.is_some() => {
-                let vocab = target.config().vocab_size;
-                let mut lookup = PromptLookup::new(self.lookup.unwrap_or_default(), vocab)?;
-                generate_sd_with(target, &mut lookup, &req, &spec, &mut sink).await
-            }
-            Mode::Sd => match (self.sd_draft.as_deref_mut(), self.ssd_draft.as_mut()) {
-                (Some(draft), _) => generate_sd(target, draft, &req, &spec, &mut sink).await,
-                (None, Some(worker)) if self.sd_on_worker => {
-                    let mut drafter = WorkerDrafter::new(worker, &req, &spec);
-                    generate_sd_with(target, &mut drafter, &req, &spec, &mut sink).await
-                }
-                _ => Err(not_prepared(mode)),
-            },
-            Mode::Ssd if self.lookup.is_some() => Err(Error::InvalidArgument(lookup_ssd())),
-            Mode::Ssd => {
-                let draft = self.ssd_draft.as_mut().ok_or_else(|| not_prepared(mode))?;
-                let target = self.ssd_target.as_deref_mut().map_or(target, |t| t as &mut dyn Lm);
-                generate_ssd(target, draft, &req, &spec, &mut sink).await
-            }
-        };
-        let g = match g {
+        let run = Run { target: self.target.as_mut(), req: &req, spec: &spec, sink: &mut sink };
+        let g = match self.strategies[at].generate(run).await {
             Err(Error::Server { message, .. }) => return Err(Error::Server { message, partial }),
             g => g?,
         };
@@ -749,7 +730,7 @@ impl Engine {
             return Err(e);
         }
         let mut g = g;
-        if auto.is_some() {
+        if auto {
             g.stats.auto = self.choice.clone();
         }
         if let Some(r) = &self.remote {
@@ -759,7 +740,7 @@ impl Engine {
         if !rest.is_empty() {
             on_text(&rest, 0);
         }
-        self.learn(mode, &spec, &g.stats);
+        self.learn(at, &spec, &g.stats);
         Ok(Completion {
             text: self.tokenizer.decode(&g.tokens)?,
             tokens: g.tokens,
@@ -768,57 +749,58 @@ impl Engine {
             stats: g.stats,
         })
     }
-}
 
-impl Engine {
-    /// Refine the choice of mode with what a generation measured: its pace per round, and for
-    /// speculation the acceptance.
-    fn learn(&mut self, mode: Mode, spec: &SpecConfig, stats: &Stats) {
+    /// Refine the choice of mode with what a generation by strategy `at` measured: its pace per
+    /// round, and for speculation the acceptance.
+    fn learn(&mut self, at: usize, spec: &SpecConfig, stats: &Stats) {
         let Some(choice) = &self.choice else { return };
+        let strategy = &self.strategies[at];
         let mut costs = choice.costs.clone();
-        let seen = match mode {
-            Mode::Ar => None,
-            _ => stats.timeline.as_deref().and_then(rounds_seen),
-        };
+        let seen = stats.timeline.as_deref().and_then(rounds_seen);
         // Where K was chosen again round by round, the pace is the K most rounds drafted.
-        let k = match (mode, seen) {
-            (Mode::Ar, _) => 1,
-            (_, Some((_, usual))) if spec.adapt.is_some() => usual,
+        let k = match seen {
+            _ if !strategy.verifies() => 1,
+            Some((_, usual)) if spec.adapt.is_some() => usual,
             _ => spec.k,
         };
         // A few rounds say little about a mode's pace.
         if stats.rounds >= MIN_OBSERVED_ROUNDS && stats.decode_ms > 0.0 {
-            costs.observe(mode, k, stats.decode_ms / stats.rounds as f64);
+            costs.observe(strategy.mode(), k, stats.decode_ms / stats.rounds as f64);
         }
         let a = seen.map_or(choice.acceptance, |(a, _)| (choice.acceptance + a) / 2.0);
-        self.choice = Some(costs.choose(a, ssd_candidate(&self.ssd_draft, &self.spec)));
+        self.choice = Some(costs.choose(a, &candidates(&self.strategies, &self.spec)));
     }
 }
 
-/// What a target on a server costs: its forwards as timed from here (a verification pays the
-/// round trip), and as AR's cost per token the server's own decode.
-async fn remote_target_costs(target: &mut dyn Lm, remote: &mut Remote) -> Result<Costs> {
-    let mut costs = Costs::measure_target(target, true).await?;
-    costs.decode_ms = remote.server.server_decode_ms(AR_PROBE_TOKENS).await?;
-    Ok(costs)
+/// The strategies as candidates of the measured choice, under the engine's `spec`.
+fn candidates<'a>(strategies: &'a [Box<dyn Strategy>], spec: &'a SpecConfig) -> Vec<Candidate<'a>> {
+    strategies
+        .iter()
+        .map(|s| Candidate { mode: s.mode(), round_ms: Box::new(move |costs, k| s.round_ms(costs, spec, k)) })
+        .collect()
 }
 
-/// SSD as a measured choice considers it (its largest K and fan-out): not without an SSD draft,
-/// nor with an inline one, which speculates only once the verify is over and so adds its whole
-/// cost to every round.
-fn ssd_candidate<'a>(ssd_draft: &Option<DraftWorker>, spec: &'a SpecConfig) -> Option<(usize, &'a Fanout)> {
-    ssd_draft.as_ref().filter(|d| d.is_concurrent()).map(|_| (spec.k, &spec.fanout))
-}
-
-/// The widest tree step SSD runs under `spec`, which the measurement at load times.
-fn tree_rows(spec: &SpecConfig) -> usize {
-    spec.fanout.max_branches(spec.k)
-}
-
-/// Why SSD does not take prompt lookup: a lookup costs nothing, so there is no drafting to
-/// overlap with verification, and SD with it is already what SSD would be.
-fn lookup_ssd() -> String {
-    "mode ssd needs a draft model; prompt lookup drafts at no cost, so use it with mode sd".into()
+/// The measured choice of mode and K: the target timed (a server's forwards from here, and its
+/// own decode as AR's cost per token), then the first drafter a strategy offers, where it runs
+/// (a tree step as wide as SSD's where it runs `beside` the target); `None` where no strategy
+/// drafts. `acceptance`: the per-token acceptance to assume, else the drafter's prior.
+async fn measure_choice(
+    target: &mut dyn Lm,
+    remote: Option<&mut Remote>,
+    strategies: &mut [Box<dyn Strategy>],
+    spec: &SpecConfig,
+    beside: bool,
+    acceptance: Option<f64>,
+) -> Result<Option<Choice>> {
+    let rows = if beside { spec.fanout.max_branches(spec.k) } else { 0 };
+    let Some(at) = strategies.iter_mut().position(|s| s.time_draft(0).is_some()) else { return Ok(None) };
+    let mut costs = Costs::measure_target(target, beside).await?;
+    if let Some(remote) = remote {
+        costs.decode_ms = remote.server.server_decode_ms(AR_PROBE_TOKENS).await?;
+    }
+    let timing = strategies[at].time_draft(rows).expect("the strategy offered its drafter").await?;
+    let costs = costs.with_draft(timing.costs);
+    Ok(Some(costs.choose(acceptance.unwrap_or(timing.prior), &candidates(strategies, spec))))
 }
 
 fn not_prepared(mode: Mode) -> Error {

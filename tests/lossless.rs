@@ -17,7 +17,7 @@ use futures::future::LocalBoxFuture;
 
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::Batch;
-use saguaro::decode::spec::{AdaptiveK, Fault, Tree};
+use saguaro::decode::speculation::{AdaptiveK, Fault, Tree};
 use saguaro::decode::ssd::{Job, Reply};
 use saguaro::decode::{
     generate_ar, generate_sd, generate_sd_with, generate_ssd, Backup, DraftHost, DraftWorker, Drafter, FinishReason,
@@ -63,7 +63,7 @@ fn ssd(target: &mut dyn Lm, draft: &mut DraftWorker, req: &Request, spec: &SpecC
 
 /// SD drafting through SSD's draft worker.
 fn sd_on(target: &mut dyn Lm, worker: &mut DraftWorker, req: &Request, spec: &SpecConfig) -> Generation {
-    let mut drafter = WorkerDrafter::new(worker, req, spec);
+    let mut drafter = WorkerDrafter::new(worker);
     block_on(generate_sd_with(target, &mut drafter, req, spec, &mut |_| true)).unwrap()
 }
 
@@ -780,8 +780,8 @@ fn the_draft_worker_refuses_sd_jobs_out_of_step() {
     let mut t = runner(&tiny().target, TINY_CAPACITY);
     let want = ar(&mut t, &req).tokens;
     // An SSD round's job where an SD generation runs, and the other way round.
-    let mut drafter = WorkerDrafter::new(&mut w, &req, &s);
-    block_on(drafter.start(&req.prompt)).unwrap();
+    let mut drafter = WorkerDrafter::new(&mut w);
+    block_on(drafter.start(&req, &s)).unwrap();
     let mut rng = Rng::new(0);
     let proposal = block_on(drafter.propose(PROMPT[2], 3, &req.sampling, &mut rng)).unwrap();
     assert_eq!(proposal.tokens.len(), 3);

@@ -11,7 +11,7 @@
 //! r is the row's softmax at a temperature, or where the row comes with a distribution q (the
 //! one a rejected draft token was drawn from), the residual `max(0, p - q)`, which is what
 //! speculative verification draws its bonus token from after a rejection; where that is zero
-//! everywhere, p itself, as [`crate::sampling::residual`] does.
+//! everywhere, p itself, as the residual of speculation's acceptance math does.
 //!
 //! [`Backend::draw`]: super::Backend::draw
 
@@ -181,7 +181,7 @@ pub fn on_host(x: &[f32], cols: usize, draw: &Draw) -> Result<Vec<Drawn>> {
                     }
                 }
                 // Zero everywhere only where p == q, where no rejection happens: p, as
-                // sampling::residual gives.
+                // speculation's residual gives.
                 let weighs = residual.iter().any(|&w| w > 0.0);
                 sampling::sample(if weighs { &residual } else { &p }, &mut rng)
             }

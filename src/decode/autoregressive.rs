@@ -1,15 +1,54 @@
 //! Plain autoregressive decoding: one target forward per token. The baseline every speculative
-//! strategy must reproduce exactly (greedy) or in distribution (sampling).
+//! strategy must reproduce exactly (greedy) or in distribution (sampling). With a target on a
+//! server, the server generates on its own in one request.
 
-use super::session::prefill;
-use super::target_rows::sample_next;
-use super::{Generation, Request, Sink};
+use futures::future::LocalBoxFuture;
+
+use super::generation::output::{Generation, Sink};
+use super::generation::request::Request;
+use super::generation::session::prefill;
+use super::generation::target_rows::sample_next;
+use super::strategy::Mode;
+use super::strategy::{Placement, Run, SelfGenerating, Strategy};
 use crate::error::Result;
 use crate::model::runner::{append, Lm, Want};
 
+/// AR as the engine holds it: on the target, or on the server that is the target.
+pub struct Autoregressive {
+    server: Option<Box<dyn SelfGenerating>>,
+}
+
+impl Autoregressive {
+    /// AR is always prepared: it needs nothing but the target.
+    pub async fn prepare(p: &mut dyn Placement) -> Result<Option<Box<dyn Strategy>>> {
+        Ok(Some(Box::new(Autoregressive { server: p.server() })))
+    }
+}
+
+impl Strategy for Autoregressive {
+    fn mode(&self) -> Mode {
+        Mode::Ar
+    }
+
+    fn verifies(&self) -> bool {
+        false
+    }
+
+    fn preference(&self) -> u8 {
+        0
+    }
+
+    fn generate<'a>(&'a mut self, run: Run<'a>) -> LocalBoxFuture<'a, Result<Generation>> {
+        match &mut self.server {
+            Some(server) => server.generate(run.req, run.sink),
+            None => Box::pin(generate_ar(run.target, run.req, run.sink)),
+        }
+    }
+}
+
 pub async fn generate_ar(target: &mut dyn Lm, req: &Request, sink: Sink<'_>) -> Result<Generation> {
     let room = req.validate(target, 0)?;
-    let mut run = prefill(target, req, "ar").await?.decode(req, room, sink);
+    let mut run = prefill(target, req, Mode::Ar.name()).await?.decode(req, room, sink);
     let mut next = run.first;
     while !run.out.done() {
         next = if req.sampling.is_greedy() {

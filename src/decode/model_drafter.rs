@@ -1,38 +1,41 @@
 //! SD's draft model: it drafts autoregressively, and its KV cache follows the draft's rules in
-//! `spec`'s `kv` module (the committed sequence in front, the round's drafting as scratch until
-//! the target's outcome).
+//! `speculation`'s `kv` module (the committed sequence in front, the round's drafting as scratch
+//! until the target's outcome).
 
 use futures::future::LocalBoxFuture;
 
-use super::spec::{DraftKv, Drafter, Drafting, Proposal};
-use super::{context_of, Request, SpecConfig};
+use super::generation::costs::DraftCosts;
+use super::generation::request::{context_of, Request};
+use super::speculation::{DraftKv, DraftLm, DraftTiming, Drafter, Drafting, Proposal, SpecConfig, PRIOR_ACCEPTANCE};
 use crate::error::Result;
-use crate::model::runner::Lm;
 use crate::sampling::{Rng, SamplingParams};
 
-/// A draft model drafting autoregressively for SD.
-pub struct ModelDrafter<'a> {
-    kv: DraftKv<&'a mut dyn Lm>,
+/// A draft model drafting autoregressively for SD: borrowed for one generation
+/// ([`generate_sd`](super::speculative::generate_sd)), or owned by the engine's SD.
+pub struct ModelDrafter<M: DraftLm> {
+    kv: DraftKv<M>,
     /// See [`SpecConfig::confidence`].
     confidence: f32,
     /// See [`SpecConfig::draft_candidates`].
     candidates: usize,
 }
 
-impl<'a> ModelDrafter<'a> {
-    /// A drafter on `lm` under `spec` (its confidence and draft candidates concern drafting).
-    pub fn new(lm: &'a mut dyn Lm, spec: &SpecConfig) -> Self {
+impl<M: DraftLm> ModelDrafter<M> {
+    /// A drafter on `lm`; each generation's [`SpecConfig`] sets how it drafts.
+    pub fn new(lm: M) -> Self {
+        let spec = SpecConfig::default();
         ModelDrafter { kv: DraftKv::new(lm), confidence: spec.confidence, candidates: spec.draft_candidates }
     }
 }
 
-impl Drafter for ModelDrafter<'_> {
+impl<M: DraftLm> Drafter for ModelDrafter<M> {
     fn name(&self) -> String {
         "model".into()
     }
 
-    fn start<'a>(&'a mut self, prompt: &'a [u32]) -> LocalBoxFuture<'a, Result<()>> {
-        Box::pin(self.kv.prefill(prompt))
+    fn start<'a>(&'a mut self, req: &'a Request, spec: &'a SpecConfig) -> LocalBoxFuture<'a, Result<()>> {
+        (self.confidence, self.candidates) = (spec.confidence, spec.draft_candidates);
+        Box::pin(self.kv.prefill(&req.prompt))
     }
 
     fn propose<'a>(
@@ -55,5 +58,16 @@ impl Drafter for ModelDrafter<'_> {
 
     fn accept(&mut self, _: &Proposal, accepted: usize) {
         self.kv.resolve(accepted);
+    }
+
+    fn time(&mut self, tree_rows: usize) -> LocalBoxFuture<'_, Result<DraftTiming>> {
+        Box::pin(async move {
+            let costs: DraftCosts = self.kv.measure(tree_rows).await?;
+            Ok(DraftTiming { costs, prior: PRIOR_ACCEPTANCE })
+        })
+    }
+
+    fn backend_name(&self) -> Option<String> {
+        Some(self.kv.model().backend_name())
     }
 }

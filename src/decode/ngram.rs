@@ -4,37 +4,15 @@
 
 use futures::future::{ready, LocalBoxFuture};
 
-use super::spec::{Drafter, Proposal};
-use super::Request;
-use crate::error::{Error, Result};
+use super::generation::costs::DraftCosts;
+use super::generation::request::Request;
+use super::speculation::{DraftTiming, Drafter, NgramConfig, Proposal, SpecConfig};
+use crate::error::Result;
 use crate::sampling::{Rng, SamplingParams};
 
-/// Matches are tried from `max` suffix tokens down to `min`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NgramConfig {
-    pub min: usize,
-    pub max: usize,
-}
-
-impl Default for NgramConfig {
-    /// One-token matches propose mostly noise, which costs verification; three tokens of context
-    /// find the copied passage.
-    fn default() -> Self {
-        NgramConfig { min: 2, max: 3 }
-    }
-}
-
-impl NgramConfig {
-    pub fn validate(&self) -> Result<()> {
-        if self.min == 0 || self.min > self.max {
-            return Err(Error::InvalidArgument(format!(
-                "n-gram lengths must satisfy 1 <= min <= max, got {}..{}",
-                self.min, self.max
-            )));
-        }
-        Ok(())
-    }
-}
+/// Per-token acceptance assumed for prompt lookup before any generation has measured it: on text
+/// that partly copies its input.
+const PRIOR_LOOKUP_ACCEPTANCE: f64 = 0.6;
 
 pub struct PromptLookup {
     config: NgramConfig,
@@ -71,8 +49,8 @@ impl Drafter for PromptLookup {
         "ngram".into()
     }
 
-    fn start<'a>(&'a mut self, prompt: &'a [u32]) -> LocalBoxFuture<'a, Result<()>> {
-        self.history = prompt.to_vec();
+    fn start<'a>(&'a mut self, req: &'a Request, _: &'a SpecConfig) -> LocalBoxFuture<'a, Result<()>> {
+        self.history = req.prompt.to_vec();
         Box::pin(ready(Ok(())))
     }
 
@@ -108,6 +86,11 @@ impl Drafter for PromptLookup {
     fn accept(&mut self, proposal: &Proposal, accepted: usize) {
         self.history.extend_from_slice(&proposal.tokens[..accepted]);
     }
+
+    /// A lookup costs next to nothing and runs on no hardware of its own.
+    fn time(&mut self, _: usize) -> LocalBoxFuture<'_, Result<DraftTiming>> {
+        Box::pin(ready(Ok(DraftTiming { costs: DraftCosts { step_ms: 0.0, tree_step: None }, prior: PRIOR_LOOKUP_ACCEPTANCE })))
+    }
 }
 
 #[cfg(test)]
@@ -138,7 +121,8 @@ mod tests {
     #[test]
     fn sampled_proposals_come_with_point_masses() {
         let mut p = PromptLookup::new(NgramConfig::default(), 10).unwrap();
-        futures::executor::block_on(p.start(&[1, 2, 3, 1])).unwrap();
+        let req = Request { prompt: vec![1, 2, 3, 1], ..Request::default() };
+        futures::executor::block_on(p.start(&req, &SpecConfig::default())).unwrap();
         let params = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
         let prop = futures::executor::block_on(p.propose(2, 3, &params, &mut Rng::new(0))).unwrap();
         assert_eq!(prop.tokens, vec![3, 1, 2]);

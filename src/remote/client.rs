@@ -11,13 +11,12 @@ use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 use web_time::Instant;
 
 use super::protocol::{ErrorBody, GenerateRequest, GenerateResponse, MetaInfo, ModelInfo, TokenLogprob, WireSampling};
 use super::transport::{HttpRequest, Transport};
 use crate::backend::Batch;
-use crate::decode::{elapsed_ms, Generation, Output, Request, Sink, Stats};
+use crate::decode::{elapsed_ms, Generation, Output, RemoteStats, Request, SelfGenerating, Sink, Stats};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::runner::Lm;
@@ -48,23 +47,6 @@ impl RemoteOptions {
             top_n: 64,
         }
     }
-}
-
-/// What talking to the server cost, over the requests since the last [`RemoteLink::take`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct RemoteStats {
-    /// Requests answered (each one target forward on the server).
-    pub round_trips: usize,
-    /// Failed attempts that were sent again.
-    pub retries: usize,
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
-    /// Client-side time of the answered requests, and the server's own time for them.
-    pub round_trip_ms: f64,
-    pub server_ms: f64,
-    /// Tokens sent that the server already held in its prefix cache, and all tokens sent.
-    pub cached_tokens: usize,
-    pub input_tokens: usize,
 }
 
 /// A handle on a remote target's counters that stays with the engine when the target itself is
@@ -282,7 +264,7 @@ impl RemoteTarget {
     /// Remote AR's time per token: `tokens` generated on the server in one request, the round
     /// trip included once, as in a generation.
     pub async fn server_decode_ms(&mut self, tokens: usize) -> Result<f64> {
-        let prompt = crate::decode::choice::probe(self.config.vocab_size, 4);
+        let prompt = crate::decode::probe(self.config.vocab_size, 4);
         let req = Request { prompt, max_tokens: tokens, ..Request::default() };
         let t = Instant::now();
         let g = self.generate_on_server(&req, &mut |_| true).await?;
@@ -490,6 +472,13 @@ fn check_causal(batch: &Batch, len: usize) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Unsupported("a remote target runs only causal batches at the end of its sequence".into()))
+    }
+}
+
+/// Mode AR with this target: the server generates on its own.
+impl SelfGenerating for RemoteTarget {
+    fn generate<'a>(&'a mut self, req: &'a Request, sink: Sink<'a>) -> LocalBoxFuture<'a, Result<Generation>> {
+        Box::pin(self.generate_on_server(req, sink))
     }
 }
 

@@ -14,7 +14,7 @@ pub mod protocol;
 pub mod server;
 pub mod transport;
 
-pub use client::{RemoteLink, RemoteOptions, RemoteStats, RemoteTarget};
+pub use client::{RemoteLink, RemoteOptions, RemoteTarget};
 #[cfg(feature = "native")]
 pub use prefix::{session_bytes, PrefixCaches, PrefixModel};
 #[cfg(feature = "native")]

@@ -31,7 +31,7 @@ impl FromStr for ModeArg {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "auto" => Ok(ModeArg(None)),
-            _ => s.parse().map(|m| ModeArg(Some(m))).map_err(|_| Error::InvalidArgument(format!("mode '{s}': expected auto, ar, sd or ssd"))),
+            _ => s.parse().map(|m| ModeArg(Some(m))).map_err(|_| Error::InvalidArgument(format!("mode '{s}': expected auto, {}", Mode::names("or")))),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::decode::spec::Proposal;
+use crate::decode::speculation::Proposal;
 
 #[derive(Default)]
 pub struct SpecCache {

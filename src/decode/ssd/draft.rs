@@ -13,21 +13,25 @@
 //! [`DraftHost`] is its end there, [`DraftWorker::remote`] the target's end.
 
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use futures::future::LocalBoxFuture;
+use futures::lock::{Mutex, MutexGuard};
 use web_time::Instant;
 
 use super::cache::SpecCache;
 use super::fanout::{self, FanoutPolicy};
-use super::out_of_step;
 use crate::backend::TopK;
-use crate::decode::choice::DraftCosts;
-use crate::decode::spec::{draft_rng, timed, Backup, DraftKv, DraftLm, Drafter, Drafting, Outcome, Proposal, SpecConfig};
-use crate::decode::{context_of, CancelToken, Request};
+use crate::decode::generation::costs::DraftCosts;
+use crate::decode::generation::request::{context_of, CancelToken, Request};
+use crate::decode::speculation::{
+    draft_rng, timed, Backup, DraftKv, DraftLm, DraftTiming, Drafter, Drafting, Outcome, Proposal, SpecConfig,
+    PRIOR_ACCEPTANCE,
+};
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use crate::model::runner::{BoxedLm, Lm};
@@ -435,6 +439,86 @@ impl<M: DraftLm> Speculator<M> {
     }
 }
 
+pub(crate) fn out_of_step() -> Error {
+    Error::Worker("the draft worker answered out of step".into())
+}
+
+/// One draft worker serving SD and SSD alike (in the browser, one copy of the draft model in its
+/// Web Worker): a generation holds it for its whole length.
+#[derive(Clone)]
+pub struct SharedWorker {
+    worker: Rc<Mutex<DraftWorker>>,
+    config: ModelConfig,
+    capacity: usize,
+    concurrent: bool,
+}
+
+impl SharedWorker {
+    pub fn new(worker: DraftWorker) -> Self {
+        let (config, capacity, concurrent) = (worker.config.clone(), worker.capacity, worker.is_concurrent());
+        SharedWorker { worker: Rc::new(Mutex::new(worker)), config, capacity, concurrent }
+    }
+
+    pub async fn lock(&self) -> MutexGuard<'_, DraftWorker> {
+        self.worker.lock().await
+    }
+
+    /// See [`DraftWorker::is_concurrent`].
+    pub fn is_concurrent(&self) -> bool {
+        self.concurrent
+    }
+
+    /// Whether it can take jobs: not once its worker has stopped (a worker in use has not).
+    pub fn ready(&self) -> bool {
+        self.worker.try_lock().is_none_or(|w| !w.has_stopped())
+    }
+
+    /// See [`DraftWorker::room`].
+    fn room(&self, req: &Request, scratch: usize) -> usize {
+        req.room(context_of(&self.config, self.capacity, scratch))
+    }
+}
+
+/// A draft worker as a [`WorkerDrafter`] holds it: borrowed for one generation, or shared.
+enum Held<'a> {
+    Borrowed(&'a mut DraftWorker),
+    Shared(SharedWorker),
+}
+
+/// The worker a [`Held`] gives access to for one job and its reply.
+enum Access<'b> {
+    Borrowed(&'b mut DraftWorker),
+    Locked(MutexGuard<'b, DraftWorker>),
+}
+
+impl Held<'_> {
+    async fn get(&mut self) -> Access<'_> {
+        match self {
+            Held::Borrowed(w) => Access::Borrowed(w),
+            Held::Shared(w) => Access::Locked(w.lock().await),
+        }
+    }
+}
+
+impl std::ops::Deref for Access<'_> {
+    type Target = DraftWorker;
+    fn deref(&self) -> &DraftWorker {
+        match self {
+            Access::Borrowed(w) => w,
+            Access::Locked(w) => w,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Access<'_> {
+    fn deref_mut(&mut self) -> &mut DraftWorker {
+        match self {
+            Access::Borrowed(w) => w,
+            Access::Locked(w) => w,
+        }
+    }
+}
+
 /// SD's drafter when the draft model lives on SSD's worker (in the browser, its own Web Worker),
 /// so that one copy of the draft serves both modes. A round is one job and its reply: the last
 /// round's outcome and up to K tokens asked for, the tokens (with their distributions when
@@ -443,10 +527,7 @@ impl<M: DraftLm> Speculator<M> {
 /// [`ModelDrafter`](crate::decode::ModelDrafter) does: the proposals are the ones that drafter
 /// would make on the same model.
 pub struct WorkerDrafter<'a> {
-    worker: &'a mut DraftWorker,
-    req: &'a Request,
-    confidence: f32,
-    candidates: usize,
+    worker: Held<'a>,
     /// How many tokens the target accepted of the last proposal: sent with the next round's job.
     accepted: Option<usize>,
     /// Milliseconds the worker spent drafting in this generation.
@@ -454,10 +535,16 @@ pub struct WorkerDrafter<'a> {
 }
 
 impl<'a> WorkerDrafter<'a> {
-    /// A drafter for `req` under `spec` (its confidence and draft candidates concern SD's drafting).
-    pub fn new(worker: &'a mut DraftWorker, req: &'a Request, spec: &SpecConfig) -> Self {
-        let (confidence, candidates) = (spec.confidence, spec.draft_candidates);
-        WorkerDrafter { worker, req, confidence, candidates, accepted: None, busy_ms: 0.0 }
+    /// A drafter on `worker` for as long as it is borrowed.
+    pub fn new(worker: &'a mut DraftWorker) -> Self {
+        WorkerDrafter { worker: Held::Borrowed(worker), accepted: None, busy_ms: 0.0 }
+    }
+}
+
+impl WorkerDrafter<'static> {
+    /// A drafter on a worker shared with SSD, for generation after generation.
+    pub fn shared(worker: SharedWorker) -> Self {
+        WorkerDrafter { worker: Held::Shared(worker), accepted: None, busy_ms: 0.0 }
     }
 }
 
@@ -466,15 +553,16 @@ impl Drafter for WorkerDrafter<'_> {
         "model".into()
     }
 
-    fn start<'a>(&'a mut self, prompt: &'a [u32]) -> LocalBoxFuture<'a, Result<()>> {
+    fn start<'a>(&'a mut self, req: &'a Request, spec: &'a SpecConfig) -> LocalBoxFuture<'a, Result<()>> {
         Box::pin(async move {
+            let mut worker = self.worker.get().await;
             // Replies a cancelled earlier generation left behind.
-            self.worker.finish().await;
+            worker.finish().await;
             self.accepted = None;
             self.busy_ms = 0.0;
-            let req = Request { prompt: prompt.to_vec(), ..self.req.clone() };
-            self.worker.send(Job::StartSd { req, confidence: self.confidence, candidates: self.candidates })?;
-            match self.worker.recv().await? {
+            let (confidence, candidates) = (spec.confidence, spec.draft_candidates);
+            worker.send(Job::StartSd { req: req.clone(), confidence, candidates })?;
+            match worker.recv().await? {
                 Reply::Started => Ok(()),
                 _ => Err(out_of_step()),
             }
@@ -489,8 +577,9 @@ impl Drafter for WorkerDrafter<'_> {
         _rng: &'a mut Rng,
     ) -> LocalBoxFuture<'a, Result<Proposal>> {
         Box::pin(async move {
-            self.worker.send(Job::Draft { accepted: self.accepted.take(), rec, n })?;
-            match self.worker.recv().await? {
+            let mut worker = self.worker.get().await;
+            worker.send(Job::Draft { accepted: self.accepted.take(), rec, n })?;
+            match worker.recv().await? {
                 Reply::Drafted { proposal, span } => {
                     self.busy_ms += span.ms();
                     Ok(proposal)
@@ -501,7 +590,10 @@ impl Drafter for WorkerDrafter<'_> {
     }
 
     fn room(&self, req: &Request) -> usize {
-        self.worker.room(req, 0)
+        match &self.worker {
+            Held::Borrowed(w) => w.room(req, 0),
+            Held::Shared(w) => w.room(req, 0),
+        }
     }
 
     fn accept(&mut self, _: &Proposal, accepted: usize) {
@@ -510,5 +602,19 @@ impl Drafter for WorkerDrafter<'_> {
 
     fn busy_ms(&self) -> Option<f64> {
         Some(self.busy_ms)
+    }
+
+    fn ready(&self) -> bool {
+        match &self.worker {
+            Held::Borrowed(w) => !w.has_stopped(),
+            Held::Shared(w) => w.ready(),
+        }
+    }
+
+    fn time(&mut self, tree_rows: usize) -> LocalBoxFuture<'_, Result<DraftTiming>> {
+        Box::pin(async move {
+            let costs = self.worker.get().await.measure(tree_rows).await?;
+            Ok(DraftTiming { costs, prior: PRIOR_ACCEPTANCE })
+        })
     }
 }

@@ -24,7 +24,7 @@
 use std::collections::VecDeque;
 
 use crate::backend::{TopK, MAX_TOP_K};
-use crate::decode::spec::{Fanout, DEFAULT_WIDTH};
+use crate::decode::speculation::{Fanout, DEFAULT_WIDTH};
 use crate::sampling::SamplingParams;
 
 /// Rounds over which `top-p` measures its recent hit rate.

@@ -2,8 +2,7 @@
 //! own worker) already speculates round t + 1 for the likeliest verification outcomes (k, t*),
 //! so that when the target finishes, the next draft tokens are usually ready at once.
 //!
-//! One round (`Ssd::round` here on the target's side; the draft's side answers its jobs in
-//! `draft`):
+//! One round (`round` on the target's side; the draft's side answers its jobs in `draft`):
 //! 1. propose: the draft commits the last round's outcome and answers with the speculation it
 //!    cached for that outcome (a hit) or, on a miss, with its backup;
 //! 2. speculate: the draft starts its glue pass over [rec, proposal] and the tree over the
@@ -12,8 +11,11 @@
 //! 4. commit: s1..sk and t* join the output, and t* is the next round's `rec`;
 //! 5. the target waits for the speculation, the cache the next proposal comes from.
 //!
-//! The draft's KV cache follows the rules shared with SD (`spec`'s `kv` module): the glue pass
-//! and the tree are scratch until the outcome commits rec, s1..sk.
+//! The draft's KV cache follows the rules shared with SD (`speculation`'s `kv` module): the glue
+//! pass and the tree are scratch until the outcome commits rec, s1..sk.
+//!
+//! This file is SSD's [`Strategy`]: the draft on its worker (shared with SD where one draft serves
+//! both), prepared where a draft model can run beside the target.
 //!
 //! The overlap pays only if the glue pass and the tree steps take no longer than a verify:
 //! `Stats` reports `glue_ms_mean`, `tree_step_ms_mean` and `verify_ms_mean` to choose K by.
@@ -21,198 +23,86 @@
 pub mod cache;
 mod draft;
 pub mod fanout;
+mod round;
 
-pub use draft::{DraftHost, DraftWorker, Job, Reply, WorkerDrafter};
+pub use draft::{DraftHost, DraftWorker, Job, Reply, SharedWorker, WorkerDrafter};
+pub use round::generate_ssd;
 
-use super::session::{prefill, Decoding};
-use super::spec::{check_draft, timed, verify, Outcome, Proposal, SpecConfig, Tally};
-use super::{Generation, Request, Sink, Stats};
+use futures::future::LocalBoxFuture;
+
+use super::generation::costs::Costs;
+use super::generation::output::Generation;
+use super::strategy::Mode;
+use super::speculation::SpecConfig;
+use super::strategy::{Placement, Run, Strategy};
 use crate::error::{Error, Result};
-use crate::model::runner::Lm;
-use crate::runtime::Span;
+use crate::model::runner::{BoxedLm, Lm};
 
-/// SSD of `req`: the target verifies on the caller's thread while `draft` speculates on its
-/// worker. The worker stays usable for later generations, whatever this one ends with.
-pub async fn generate_ssd(
-    target: &mut dyn Lm,
-    draft: &mut DraftWorker,
-    req: &Request,
-    spec: &SpecConfig,
-    sink: Sink<'_>,
-) -> Result<Generation> {
-    check_draft(target.config(), draft.config())?;
-    spec.validate()?;
-    let target_room = req.validate(target, 0)?;
-    let room = req.speculative_room(target_room, draft.room(req, spec.draft_scratch()))?;
-    // Replies a cancelled earlier generation left behind.
-    draft.finish().await;
-    let generation = run(target, draft, req, spec, room, sink).await;
-    draft.finish().await;
-    generation
+/// SSD as the engine holds it: the draft on its worker, and where the two share the CPU, a
+/// target of its own on the cores the draft leaves.
+pub struct SpeculativeSpeculative {
+    worker: SharedWorker,
+    target: Option<BoxedLm>,
 }
 
-/// Draft-side time of one generation.
-#[derive(Default)]
-struct DraftTime {
-    busy_ms: f64,
-    overlap_ms: f64,
-    glue_ms: f64,
-    glues: usize,
-    tree_ms: f64,
-    tree_steps: usize,
-}
-
-impl DraftTime {
-    /// A round's speculation, which ran while the target's verify took `verify`; returns the
-    /// span of the whole speculation.
-    fn speculated(&mut self, glue: Span, tree: &[Span], verify: Span) -> Span {
-        let work = Span { start: glue.start, end: tree.last().map_or(glue.end, |s| s.end) };
-        let tree_ms: f64 = tree.iter().map(Span::ms).sum();
-        self.busy_ms += glue.ms() + tree_ms;
-        self.overlap_ms += work.overlap_ms(&verify);
-        self.glue_ms += glue.ms();
-        self.glues += 1;
-        self.tree_ms += tree_ms;
-        self.tree_steps += tree.len();
-        work
+impl SpeculativeSpeculative {
+    /// SSD on `worker` (a draft in a browser Web Worker), verifying on the engine's target.
+    pub fn on_worker(worker: SharedWorker) -> Self {
+        SpeculativeSpeculative { worker, target: None }
     }
 
-    fn write(&self, stats: &mut Stats) {
-        let per = |x: f64, n: usize| (n > 0).then(|| x / n as f64);
-        stats.draft_busy_ms = Some(self.busy_ms);
-        stats.overlap_ms = Some(self.overlap_ms);
-        stats.glue_ms_mean = per(self.glue_ms, self.glues);
-        stats.tree_step_ms_mean = per(self.tree_ms, self.tree_steps);
-    }
-}
-
-async fn run(
-    target: &mut dyn Lm,
-    draft: &mut DraftWorker,
-    req: &Request,
-    spec: &SpecConfig,
-    room: usize,
-    sink: Sink<'_>,
-) -> Result<Generation> {
-    draft.send(Job::Start { req: req.clone(), spec: spec.clone() })?;
-    let first = prefill(target, req, "ssd").await?;
-    expect_started(draft.recv().await?)?;
-    let run = first.decode(req, room, sink);
-    let mut ssd = Ssd {
-        target,
-        draft,
-        req,
-        spec,
-        tally: Tally::new(run.started),
-        run,
-        time: DraftTime::default(),
-        lookups: Lookups::default(),
-    };
-    let mut rec = ssd.run.first;
-    let mut last = None;
-    while !ssd.run.out.done() {
-        let outcome = ssd.round(rec, last).await?;
-        rec = outcome.bonus;
-        last = Some(outcome);
-    }
-    let Ssd { tally, time, lookups, run, .. } = ssd;
-    Ok(run.finish(|stats| {
-        tally.write(stats);
-        time.write(stats);
-        lookups.write(stats);
-    }))
-}
-
-/// An SSD generation after its prefill, seen from the target's side.
-struct Ssd<'a> {
-    target: &'a mut dyn Lm,
-    draft: &'a mut DraftWorker,
-    req: &'a Request,
-    spec: &'a SpecConfig,
-    run: Decoding<'a>,
-    tally: Tally,
-    time: DraftTime,
-    lookups: Lookups,
-}
-
-impl Ssd<'_> {
-    /// One round after `rec`, whose predecessor ended with `last` (none in the first round).
-    async fn round(&mut self, rec: u32, last: Option<Outcome>) -> Result<Outcome> {
-        let remaining = self.run.out.remaining();
-        let (proposal, hit) = self.proposal(last, rec, self.spec.k.min(remaining - 1)).await?;
-        // This round commits at least the bonus token, so the next one proposes at most
-        // `remaining - 2` tokens.
-        self.speculate(rec, &proposal, self.spec.k.min(remaining.saturating_sub(2)))?;
-        let verifying =
-            verify(&mut *self.target, rec, &proposal, &self.req.sampling, &mut self.run.rng, self.spec.fault);
-        let (outcome, verify_span) = timed(verifying).await?;
-        let committed = self.run.out.push(&outcome.committed(&proposal));
-        self.tally.round(proposal.tokens.len(), outcome, committed, verify_span, None, hit);
-        // A generation that just ended leaves the speculation to `generate_ssd`'s `finish`.
-        if !self.run.out.done() {
-            self.speculated(verify_span).await?;
+    /// SSD where it is asked for and a draft model can run beside the target. Prompt lookup
+    /// leaves nothing to overlap: a lookup costs nothing, and SD with it is already what SSD
+    /// would be.
+    pub async fn prepare(p: &mut dyn Placement) -> Result<Option<Box<dyn Strategy>>> {
+        if p.lookup().is_some() {
+            return match p.modes().contains(&Mode::Ssd) {
+                true => Err(Error::InvalidArgument(
+                    "mode ssd needs a draft model; prompt lookup drafts at no cost, so use it with mode sd".into(),
+                )),
+                false => Ok(None),
+            };
         }
-        Ok(outcome)
-    }
-
-    /// The draft commits `last` and answers with up to `depth` tokens after `rec`: the
-    /// speculation it cached for `last`, or its backup's; and whether the cache held it (`None`:
-    /// no cache was asked).
-    async fn proposal(&mut self, last: Option<Outcome>, rec: u32, depth: usize) -> Result<(Proposal, Option<bool>)> {
-        self.draft.send(Job::Propose { outcome: last, rec, depth })?;
-        let Reply::Proposal { proposal, hit, backup } = self.draft.recv().await? else {
-            return Err(out_of_step());
-        };
-        self.lookups.count(hit, &proposal);
-        self.time.busy_ms += backup.map_or(0.0, |s| s.ms());
-        Ok((proposal, hit))
-    }
-
-    /// Start the draft's glue pass and tree over [rec, proposal], `depth` tokens per branch; it
-    /// runs while the target verifies.
-    fn speculate(&mut self, rec: u32, proposal: &Proposal, depth: usize) -> Result<()> {
-        let tokens = std::iter::once(rec).chain(proposal.tokens.iter().copied()).collect();
-        self.draft.send(Job::Speculate { tokens, depth })
-    }
-
-    /// Wait for the draft's speculation, which ran beside the verify of `verify_span`.
-    async fn speculated(&mut self, verify_span: Span) -> Result<()> {
-        let Reply::Speculated { glue, tree } = self.draft.recv().await? else {
-            return Err(out_of_step());
-        };
-        self.tally.drafted(self.time.speculated(glue, &tree, verify_span));
-        Ok(())
+        if !p.wants(Mode::Ssd) {
+            return Ok(None);
+        }
+        let Some(lm) = p.draft_beside().await? else { return Ok(None) };
+        let worker = if p.draft_thread() { DraftWorker::new(lm)? } else { DraftWorker::inline(lm) };
+        let target = p.target_beside().await?;
+        Ok(Some(Box::new(SpeculativeSpeculative { worker: SharedWorker::new(worker), target })))
     }
 }
 
-/// How often the speculation cache held the outcome.
-#[derive(Default)]
-struct Lookups {
-    lookups: usize,
-    hits: usize,
-    multi_token_hits: usize,
-}
-
-impl Lookups {
-    fn count(&mut self, hit: Option<bool>, proposal: &Proposal) {
-        self.lookups += usize::from(hit.is_some());
-        self.hits += usize::from(hit == Some(true));
-        self.multi_token_hits += usize::from(hit == Some(true) && proposal.tokens.len() >= 2);
+impl Strategy for SpeculativeSpeculative {
+    fn mode(&self) -> Mode {
+        Mode::Ssd
     }
 
-    fn write(&self, stats: &mut Stats) {
-        stats.cache_hit_rate = (self.lookups > 0).then(|| self.hits as f64 / self.lookups as f64);
-        stats.multi_token_hits = Some(self.multi_token_hits);
+    fn ready(&self) -> bool {
+        self.worker.ready()
     }
-}
 
-fn expect_started(reply: Reply) -> Result<()> {
-    match reply {
-        Reply::Started => Ok(()),
-        _ => Err(out_of_step()),
+    /// With its draft beside the target, SSD hides the speculation behind the verification;
+    /// inline, its speculation would only add to every round.
+    fn preference(&self) -> u8 {
+        if self.worker.is_concurrent() {
+            3
+        } else {
+            1
+        }
     }
-}
 
-fn out_of_step() -> Error {
-    Error::Worker("the draft worker answered out of step".into())
+    /// Up to the engine's K and fan-out, which sized the draft's cache; not inline, where the
+    /// draft speculates only once the verify is over and so adds its whole cost to every round.
+    fn round_ms(&self, costs: &Costs, spec: &SpecConfig, k: usize) -> Option<f64> {
+        (self.worker.is_concurrent() && k <= spec.k).then(|| costs.ssd_round_ms(k, &spec.fanout)).flatten()
+    }
+
+    fn generate<'a>(&'a mut self, run: Run<'a>) -> LocalBoxFuture<'a, Result<Generation>> {
+        Box::pin(async move {
+            let mut worker = self.worker.lock().await;
+            let target = self.target.as_deref_mut().map_or(run.target, |t| t as &mut dyn Lm);
+            generate_ssd(target, &mut worker, run.req, run.spec, run.sink).await
+        })
+    }
 }

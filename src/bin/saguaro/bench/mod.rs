@@ -33,8 +33,8 @@ const PROMPTS: &[(&str, bool)] = &[
 pub struct BenchArgs {
     #[command(flatten)]
     engine: EngineArgs,
-    /// Comma-separated modes to compare (auto: the engine's measured choice).
-    #[arg(long, value_delimiter = ',', default_value = "ar,sd,ssd")]
+    /// Comma-separated modes to compare (auto: the engine's measured choice); default: every mode.
+    #[arg(long, value_delimiter = ',', default_values_t = Mode::ALL.map(|m| ModeArg(Some(m))))]
     modes: Vec<ModeArg>,
     /// Run every speculative mode at each of these K (comma-separated); AR runs once.
     #[arg(long, value_delimiter = ',', conflicts_with = "spec_k")]

@@ -80,14 +80,14 @@ fn full_verify_ms(g: &Completion) -> Option<f64> {
 }
 
 fn draft_step_ms(g: &Completion) -> Option<f64> {
-    match g.stats.mode.as_str() {
-        "sd" => {
+    match g.stats.mode.parse().ok()? {
+        Mode::Sd => {
             let rounds = g.stats.timeline.as_ref()?;
             let ms: f64 = rounds.iter().filter_map(|r| r.draft.map(|d| d[1] - d[0])).sum();
             let drafted: usize = rounds.iter().map(|r| r.proposed).sum();
             (drafted > 0).then(|| ms / drafted as f64)
         }
-        "ssd" => g.stats.tree_step_ms_mean,
+        Mode::Ssd => g.stats.tree_step_ms_mean,
         _ => None,
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use saguaro::remote::RemoteStats;
+use saguaro::decode::RemoteStats;
 
 use super::report::label;
 use super::Run;

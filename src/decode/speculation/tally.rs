@@ -6,7 +6,7 @@ use web_time::Instant;
 
 use super::adapt::{judged, AdaptiveK};
 use super::verify::Outcome;
-use crate::decode::{RoundTimes, Stats};
+use crate::decode::generation::stats::{RoundTimes, Stats};
 use crate::error::Result;
 use crate::runtime::Span;
 

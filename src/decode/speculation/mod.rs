@@ -6,6 +6,8 @@
 //!   a draft speaks the target's vocabulary.
 //! - `drafter`: a [`Proposal`], the [`Drafter`] interface SD takes proposals from, and how a
 //!   draft token is drawn.
+//! - `accept`: the acceptance math: the accept test, the residual distribution and Saguaro's
+//!   rescaling of the draft's.
 //! - `verify`: the target's judgement of a proposal, greedy or by the exact rejection sampling,
 //!   into the outcome (k, t*).
 //! - `kv`: the draft's KV cache, committed prefix against speculation scratch: its rules, stated
@@ -14,6 +16,7 @@
 //! - `tally`: the per-round statistics both report.
 //! - `adapt`: SD's K chosen again after every round from the acceptance seen so far.
 
+pub mod accept;
 mod adapt;
 mod config;
 mod drafter;
@@ -24,11 +27,12 @@ mod verify;
 
 pub use adapt::{judged, AdaptiveK};
 pub use config::{
-    check_draft, Backup, Fanout, Fault, Mode, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES, DEFAULT_WIDTH,
+    check_draft, Backup, Fanout, Fault, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES, DEFAULT_WIDTH,
 };
 pub(crate) use drafter::{draft_rng, Drafting};
-pub use drafter::{Drafter, Proposal};
-pub(crate) use kv::{DraftKv, DraftLm};
+pub use drafter::{DraftTiming, Drafter, Proposal, PRIOR_ACCEPTANCE};
+pub(crate) use kv::DraftKv;
+pub use kv::DraftLm;
 pub(crate) use tally::{timed, Tally};
 pub use tree::Tree;
 pub(crate) use verify::verify;

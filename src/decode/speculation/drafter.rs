@@ -5,7 +5,10 @@
 
 use futures::future::LocalBoxFuture;
 
-use crate::decode::Request;
+use super::accept::saguaro_rescale;
+use super::config::SpecConfig;
+use crate::decode::generation::costs::DraftCosts;
+use crate::decode::generation::request::Request;
 use crate::error::Result;
 use crate::sampling::{self, Rng, SamplingParams};
 
@@ -18,12 +21,27 @@ pub struct Proposal {
     pub q: Vec<Vec<f32>>,
 }
 
-/// What SD takes its proposals from: a draft model or a lookup in the text so far.
+/// Per-token acceptance assumed for a draft model before any generation has measured it: a
+/// draft of the target's family on code (measured 0.8-0.9).
+pub const PRIOR_ACCEPTANCE: f64 = 0.8;
+
+/// What a drafter costs where it runs, for the measured choice of mode, and the per-token
+/// acceptance assumed for it until generations measure one.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftTiming {
+    pub costs: DraftCosts,
+    pub prior: f64,
+}
+
+/// What SD takes its proposals from: a draft model (here, or on the draft worker), or a lookup
+/// in the text so far. One drafter serves generation after generation, each begun with
+/// [`Drafter::start`].
 pub trait Drafter {
     /// What the statistics call it.
     fn name(&self) -> String;
-    /// Take the prompt in, before the first round.
-    fn start<'a>(&'a mut self, prompt: &'a [u32]) -> LocalBoxFuture<'a, Result<()>>;
+    /// Take `req`'s prompt in, before the first round, to draft under `spec` (its confidence and
+    /// draft candidates).
+    fn start<'a>(&'a mut self, req: &'a Request, spec: &'a SpecConfig) -> LocalBoxFuture<'a, Result<()>>;
     /// Up to `n` tokens to follow the committed sequence, whose last token `rec` comes new.
     /// When sampling, each token comes with the distribution it was drawn from (`rng` draws).
     fn propose<'a>(
@@ -41,6 +59,16 @@ pub trait Drafter {
     /// proposals took to arrive (a drafter on another worker: the difference is their trips);
     /// `None`: the same.
     fn busy_ms(&self) -> Option<f64> {
+        None
+    }
+    /// Whether it can draft now: one on a worker that stopped cannot.
+    fn ready(&self) -> bool {
+        true
+    }
+    /// Time it where it runs, with a tree step `tree_rows` wide where that is more than one.
+    fn time(&mut self, tree_rows: usize) -> LocalBoxFuture<'_, Result<DraftTiming>>;
+    /// Where its model runs, in words, when it holds one here.
+    fn backend_name(&self) -> Option<String> {
         None
     }
 }
@@ -84,7 +112,7 @@ impl Drafting<'_> {
             if c < 1.0 {
                 let n = widths.get(j).copied().unwrap_or(0) + 1;
                 let top = sampling::top_n(&q, n, None);
-                sampling::saguaro_rescale(&mut q, &top, c);
+                saguaro_rescale(&mut q, &top, c);
             }
         }
         (sampling::sample(&q, self.rng), q)

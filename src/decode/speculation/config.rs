@@ -1,11 +1,10 @@
-//! How SD and SSD are configured: the mode, K, SSD's fan-out, Saguaro factor and backup, and the
+//! How SD and SSD are configured: K, SSD's fan-out, Saguaro factor and backup, and the
 //! check that a draft can serve a target at all.
 
 use std::fmt;
 use std::str::FromStr;
 
 use super::adapt::AdaptiveK;
-use super::tree::Tree;
 use crate::backend::MAX_TOP_K;
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
@@ -18,39 +17,6 @@ pub const DEFAULT_CONFIDENCE: f32 = 0.0;
 
 /// How many of its likeliest tokens the draft samples among (see [`SpecConfig::draft_candidates`]).
 pub const DEFAULT_DRAFT_CANDIDATES: usize = 64;
-
-/// The decoding strategy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Autoregressive: one target forward per token.
-    Ar,
-    /// Speculative decoding.
-    Sd,
-    /// Speculative speculative decoding.
-    Ssd,
-}
-
-impl FromStr for Mode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "ar" => Ok(Mode::Ar),
-            "sd" => Ok(Mode::Sd),
-            "ssd" => Ok(Mode::Ssd),
-            _ => Err(Error::option("mode", format!("'{s}': expected ar, sd or ssd"))),
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Mode::Ar => "ar",
-            Mode::Sd => "sd",
-            Mode::Ssd => "ssd",
-        })
-    }
-}
 
 /// What SSD does when the verification outcome is not in the speculation cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -220,12 +186,6 @@ impl SpecConfig {
         }
     }
 
-    /// KV slots the draft needs beyond prompt + output for SSD's glue pass and tree: size the
-    /// draft's cache with this.
-    pub fn draft_scratch(&self) -> usize {
-        Tree::scratch(self.k, self.fanout.max_branches(self.k), self.k)
-    }
-
     pub fn validate(&self) -> Result<()> {
         if self.k == 0 || self.k > 64 {
             return Err(Error::option("spec_k", format!("draft tokens per round must be in 1..=64, got {}", self.k)));
@@ -246,6 +206,33 @@ impl SpecConfig {
     }
 }
 
+/// Prompt lookup (`crate::decode::ngram`): matches are tried from `max` suffix tokens down to `min`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NgramConfig {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl Default for NgramConfig {
+    /// One-token matches propose mostly noise, which costs verification; three tokens of context
+    /// find the copied passage.
+    fn default() -> Self {
+        NgramConfig { min: 2, max: 3 }
+    }
+}
+
+impl NgramConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.min == 0 || self.min > self.max {
+            return Err(Error::InvalidArgument(format!(
+                "n-gram lengths must satisfy 1 <= min <= max, got {}..{}",
+                self.min, self.max
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// A draft model must speak the target's vocabulary: token ids are exchanged, never text.
 pub fn check_draft(target: &ModelConfig, draft: &ModelConfig) -> Result<()> {
     if target.vocab_size != draft.vocab_size {
@@ -263,9 +250,6 @@ mod tests {
 
     #[test]
     fn parses_cli_strings() {
-        assert_eq!("ssd".parse::<Mode>().unwrap(), Mode::Ssd);
-        assert_eq!("ar".parse::<Mode>().unwrap().to_string(), "ar");
-        assert!("spec".parse::<Mode>().is_err());
         assert_eq!("fast".parse::<Backup>().unwrap(), Backup::Fast);
         assert_eq!(Backup::Jit.to_string(), "jit");
         assert!("slow".parse::<Backup>().is_err());

@@ -7,10 +7,11 @@
 //! writes [rec, proposal] after it and commits rec and the accepted draft tokens. The bonus
 //! token t* is the next round's `rec`.
 
+use super::accept::{accept, accept_at, residual};
 use super::config::Fault;
 use super::drafter::Proposal;
 use crate::backend::{Batch, Draw, Drawn, SparseDist, NO_SLOT};
-use crate::decode::target_rows::{drawn_on_backend, Rows};
+use crate::decode::generation::target_rows::{drawn_on_backend, Rows};
 use crate::error::Result;
 use crate::model::runner::Lm;
 use crate::sampling::{self, Rng, SamplingParams};
@@ -87,10 +88,10 @@ fn judge_sampled(proposal: &Proposal, p: impl Fn(usize) -> Vec<f32>, rng: &mut R
     let n = proposal.tokens.len();
     let rejected = proposal.tokens.iter().zip(&proposal.q).enumerate().find_map(|(i, (&s, q))| {
         let p = p(i);
-        (!sampling::accept(&p, q, s, rng)).then(|| {
+        (!accept(&p, q, s, rng)).then(|| {
             let r = match fault {
                 Some(Fault::ResidualIsTarget) => p,
-                None => sampling::residual(&p, q),
+                None => residual(&p, q),
             };
             Outcome { accepted: i, bonus: sampling::sample(&r, rng) }
         })
@@ -105,7 +106,7 @@ fn judge_sampled(proposal: &Proposal, p: impl Fn(usize) -> Vec<f32>, rng: &mut R
 fn judge_drawn(proposal: &Proposal, drawn: &[Drawn], rng: &mut Rng) -> Outcome {
     let n = proposal.tokens.len();
     let rejected = proposal.tokens.iter().zip(&proposal.q).zip(drawn).position(|((&s, q), d)| {
-        !sampling::accept_at(d.p_at, q.get(s as usize).copied().unwrap_or(0.0), rng)
+        !accept_at(d.p_at, q.get(s as usize).copied().unwrap_or(0.0), rng)
     });
     let accepted = rejected.unwrap_or(n);
     Outcome { accepted, bonus: drawn[accepted].token }

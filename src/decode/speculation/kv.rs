@@ -28,14 +28,14 @@
 use super::drafter::{Drafting, Proposal};
 use super::tree::Tree;
 use crate::backend::{TopK, NO_SLOT};
-use crate::decode::choice::DraftCosts;
+use crate::decode::generation::costs::DraftCosts;
 use crate::error::{Error, Result};
 use crate::model::runner::{append, Lm, Output, Want};
 use crate::runtime::Span;
 
 /// A draft model however it is held: borrowed by SD, owned by SSD's worker (and `Send` when the
 /// worker is a thread).
-pub(crate) trait DraftLm {
+pub trait DraftLm {
     fn get(&self) -> &dyn Lm;
     fn get_mut(&mut self) -> &mut dyn Lm;
 }

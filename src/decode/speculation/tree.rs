@@ -9,6 +9,7 @@
 //! base + k + 1 + j (right after the k glue tokens it keeps) and attends to slots
 //! [0, base + k + 1) plus its own tree slots of steps 0..=j.
 
+use super::config::SpecConfig;
 use super::drafter::{Drafting, Proposal};
 use crate::backend::{Batch, Mask, NO_SLOT};
 use crate::error::Result;
@@ -109,6 +110,14 @@ impl Tree {
             spans.push(Span::since(start));
         }
         Ok((branches, spans))
+    }
+}
+
+impl SpecConfig {
+    /// KV slots the draft needs beyond prompt + output for SSD's glue pass and tree: size the
+    /// draft's cache with this.
+    pub fn draft_scratch(&self) -> usize {
+        Tree::scratch(self.k, self.fanout.max_branches(self.k), self.k)
     }
 }
 

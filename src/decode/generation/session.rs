@@ -4,7 +4,9 @@
 use web_time::Instant;
 
 use super::target_rows::sample_next;
-use super::{elapsed_ms, Generation, Output, Request, Sink, Stats};
+use super::output::{Generation, Output, Sink};
+use super::request::Request;
+use super::stats::{elapsed_ms, Stats};
 use crate::error::Result;
 use crate::model::runner::{append, Lm, Want};
 use crate::sampling::Rng;
