@@ -120,6 +120,7 @@ impl Request {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     Eos,
@@ -131,7 +132,9 @@ pub enum FinishReason {
 
 /// Statistics of one generation (the `stats` object of the CLI's `--json` output).
 #[derive(Clone, Debug, Default, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "camelCase", optional_fields))]
 pub struct Stats {
+    #[cfg_attr(test, ts(as = "crate::decode::Mode"))]
     pub mode: String,
     pub prompt_tokens: usize,
     pub generated: usize,
@@ -174,6 +177,7 @@ pub struct Stats {
 
 /// One SD/SSD round, in ms from the start of decoding (after the prefill).
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "camelCase"))]
 pub struct RoundTimes {
     /// The target's verification forward.
     pub verify: [f64; 2],

@@ -21,6 +21,7 @@ pub const DEFAULT_DRAFT_CANDIDATES: usize = 64;
 
 /// The decoding strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "lowercase"))]
 pub enum Mode {
     /// Autoregressive: one target forward per token.
     Ar,
@@ -54,6 +55,7 @@ impl fmt::Display for Mode {
 
 /// What SSD does when the verification outcome is not in the speculation cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "lowercase"))]
 pub enum Backup {
     /// Draft K tokens now, as SD does; the target waits for them.
     #[default]
