@@ -2,6 +2,8 @@
 // in a browser, or inline in Node. It picks and starts the build of the library (with the threads
 // build, its pool of compute threads), fills model buffers as bytes arrive, converts options and
 // results, and turns wasm errors into SaguaroErrors.
+import { LIMITS } from './contract.generated.js';
+
 const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 let ready = null;
 /** The loaded build's bindings: ModelBuffer, ModelStream (builds with WebGPU), WasmDraft, WasmEngine. */
@@ -31,9 +33,6 @@ export function relaxedSimd() {
   return WebAssembly.validate(RELAXED_SIMD_PROBE);
 }
 
-/** The most threads the `threads` option takes (src/wasm/options.rs). */
-const MAX_THREADS = 64;
-
 /** Whether wasm memory can be shared with other threads here: SharedArrayBuffer exists (on the
  * web only on a cross-origin isolated page, one served with COOP and COEP headers). */
 export function canShareMemory() {
@@ -48,7 +47,7 @@ export function initWasm(threads = 1) {
   ready ??= (async () => {
     let glue = null;
     // Other values of `threads` are the engine's to refuse (with the other options).
-    if (Number.isInteger(threads) && threads > 1 && threads <= MAX_THREADS && canShareMemory()) {
+    if (Number.isInteger(threads) && threads > 1 && threads <= LIMITS.maxThreads && canShareMemory()) {
       try {
         glue = await startThreads(threads);
       } catch (e) {
@@ -304,17 +303,6 @@ export async function streamModel(source, opts, { role, onProgress, cache }) {
   return stream;
 }
 
-function camelKey(k) {
-  return k.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
-}
-
-/** snake_case keys (the Rust side's, as in the CLI's JSON) to the JS API's camelCase. */
-export function camel(v) {
-  if (Array.isArray(v)) return v.map(camel);
-  if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [camelKey(k), camel(x)]));
-  return v;
-}
-
 /** Load options as the wasm side takes them: all but those this package handles itself. The
  * wasm side knows the option names and refuses any other (src/wasm/options.rs). */
 export function engineOptions(opts, modes) {
@@ -362,11 +350,10 @@ export async function loadDraft(source, opts, onProgress) {
 /** Run one generation; `onText(piece)` streams text, `aborted()` is polled once per round.
  * `opts` go to the engine as given: it checks them. */
 export async function generate(engine, prompt, opts, onText, aborted) {
-  const result = await unlessStopped(
+  return unlessStopped(
     engine.generate(prompt, opts, (piece, tokens) => {
       if (piece || tokens) onText?.(piece, tokens);
       return !aborted();
     }),
   );
-  return camel(result);
 }

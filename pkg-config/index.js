@@ -3,18 +3,14 @@
 // Node the same API runs inline on the CPU backend. The CPU backend computes on a pool of threads
 // sharing wasm memory where it can (the threads build: Node, or a cross-origin isolated page),
 // else on one.
+import { DEFAULTS, LIMITS } from './contract.generated.js';
 import { SaguaroError, canShareMemory, errorInfo, isServer, whenLockFree } from './core.js';
 
-export { SaguaroError };
+export { DEFAULTS, LIMITS, SaguaroError };
 
 const isNode = typeof process !== 'undefined' && !!process.versions?.node && typeof window === 'undefined';
-const ALL_MODES = ['ar', 'sd', 'ssd'];
-/** The default `threads` is one per logical core, at most this many: beyond a few threads a
- * decode step gains little (memory bandwidth, a synchronization per matmul). */
-const DEFAULT_MAX_THREADS = 8;
-
 function defaultThreads(cores) {
-  return Math.max(1, Math.min(cores || 1, DEFAULT_MAX_THREADS));
+  return Math.max(1, Math.min(cores || 1, DEFAULTS.threadCap));
 }
 
 function abortError(partial) {
@@ -306,7 +302,7 @@ export class Saguaro {
   static async load(models, options = {}) {
     if (!models || models.target === undefined) throw new SaguaroError('invalid_argument', 'load: give at least { target }');
     // Other options pass through: the engine checks them against its one list of names.
-    const modes = options.modes ?? (models.draft ? ALL_MODES : ['ar']);
+    const modes = options.modes ?? (models.draft ? DEFAULTS.modes : ['ar']);
     // The names are the engine's to check (with the other options, before any download).
     if (!Array.isArray(modes)) throw new SaguaroError('invalid_argument', 'modes: expected an array of mode names');
     // The engine measures what each mode costs on this machine and picks the default mode (and
@@ -418,7 +414,8 @@ export class Saguaro {
   async #chatCompletion(req) {
     const { messages, max_tokens, temperature, top_p, seed, stream, signal, mode } = req ?? {};
     if (!Array.isArray(messages) || messages.length === 0) throw new SaguaroError('invalid_argument', 'messages: give at least one {role, content}');
-    const opts = { maxTokens: max_tokens ?? 256, temperature: temperature ?? 0, topP: top_p, seed, signal, mode };
+    // Left out, each is the engine's default (`DEFAULTS`).
+    const opts = { maxTokens: max_tokens, temperature, topP: top_p, seed, signal, mode };
     for (const k of Object.keys(opts)) if (opts[k] === undefined) delete opts[k];
     const id = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const created = Math.floor(Date.now() / 1000);

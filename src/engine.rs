@@ -147,7 +147,7 @@ impl Default for EngineOptions {
             target: Device::cpu(Precision::Exact),
             draft: Device::cpu(Precision::Fast),
             spec: SpecConfig::default(),
-            context: 4096,
+            context: DEFAULT_CONTEXT,
             modes: Vec::new(),
             ssd_thread: cfg!(not(target_arch = "wasm32")),
             lookup: None,
@@ -207,12 +207,13 @@ impl EngineOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { mode: None, max_tokens: 256, sampling: SamplingParams::default(), spec: None }
+        GenerateOptions { mode: None, max_tokens: DEFAULT_MAX_TOKENS, sampling: SamplingParams::default(), spec: None }
     }
 }
 
 /// The result of one generation (the CLI's `--json` object and the JS API's result).
 #[derive(Clone, Debug, serde::Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename = "GenerateResult", rename_all = "camelCase"))]
 pub struct Completion {
     pub text: String,
     /// Generated ids, including the stop token that ended generation.
@@ -261,6 +262,12 @@ const AR_PROBE_TOKENS: usize = 16;
 /// (docs/measurements.md: "A cheaper draft"): Q4_K (its 896-value rows padded to 1,024 on the
 /// CPU, Q4_1 elsewhere) and the 65,536 lowest token ids keep the 0.5B draft's acceptance on code
 /// (0.85 as stored, 0.87 requantized) and read about 255 MB of weights per step instead of 392 MB.
+/// KV-cache size in tokens (prompt + output) without the option, for every front-end (CLI, JS API):
+/// room for a long code prompt and its answer, at a cost of at most 224 MiB of f32 K and V for
+/// Qwen2.5-1.5B's 28 layers (half that as the GPU's f16), which wasm32's 4 GiB holds beside the model.
+pub const DEFAULT_CONTEXT: usize = 4096;
+/// Upper bound on generated tokens without the option, for every front-end.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
 pub const DEFAULT_DRAFT_QUANT: Option<DType> = Some(DType::Q4K);
 pub const DEFAULT_DRAFT_HEAD: Option<usize> = Some(65_536);
 

@@ -1,5 +1,7 @@
 //! The one error type of the crate: every bad input or failure becomes a variant, never a panic.
 
+use std::fmt;
+
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -51,22 +53,57 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What kind of failure an error is, for programs: the JS API's `error.code`. Its string form is
+/// serde's (`"invalid_argument"`), the one the package's TypeScript union is generated from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The model could not be read: unreachable, malformed or unsupported.
+    BadModel,
+    /// The draft's vocabulary is not the target's.
+    VocabMismatch,
+    /// WebGPU was asked for where there is none (a browser without an adapter, Node).
+    #[serde(rename = "no_webgpu")]
+    NoWebGpu,
+    DeviceLost,
+    OutOfMemory,
+    /// An option or argument out of its range, or a call the engine's state does not allow.
+    InvalidArgument,
+    /// The generation was stopped by its caller.
+    Aborted,
+    GpuError,
+    /// A server target failed: unreachable, too slow, or its answer an error.
+    ServerError,
+    /// A failure inside the engine (a worker that stopped, a panic).
+    Internal,
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(s)) => f.write_str(&s),
+            _ => Err(fmt::Error),
+        }
+    }
+}
+
 impl Error {
     /// A stable name for the kind of error, for programs (the JS API's `error.code`).
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Error::Io { .. } | Error::InvalidModel(_) | Error::Unsupported(_) | Error::Tokenizer(_) => "bad_model",
-            Error::IncompatibleDraft(_) => "vocab_mismatch",
+            Error::Io { .. } | Error::InvalidModel(_) | Error::Unsupported(_) | Error::Tokenizer(_) => ErrorCode::BadModel,
+            Error::IncompatibleDraft(_) => ErrorCode::VocabMismatch,
             Error::InvalidArgument(_)
             | Error::InvalidOption { .. }
             | Error::ContextOverflow { .. }
-            | Error::PromptTooLong { .. } => "invalid_argument",
-            Error::Cancelled => "aborted",
-            Error::Gpu(_) => "gpu_error",
-            Error::DeviceLost(_) => "device_lost",
-            Error::OutOfMemory(_) => "out_of_memory",
-            Error::Worker(_) => "internal",
-            Error::Server { .. } => "server_error",
+            | Error::PromptTooLong { .. } => ErrorCode::InvalidArgument,
+            Error::Cancelled => ErrorCode::Aborted,
+            Error::Gpu(_) => ErrorCode::GpuError,
+            Error::DeviceLost(_) => ErrorCode::DeviceLost,
+            Error::OutOfMemory(_) => ErrorCode::OutOfMemory,
+            Error::Worker(_) => ErrorCode::Internal,
+            Error::Server { .. } => ErrorCode::ServerError,
         }
     }
 

@@ -8,6 +8,7 @@
 //! mode choice, streaming text); the CLI and the JS API are thin front-ends over it.
 
 pub mod backend;
+pub mod contract;
 pub mod decode;
 pub mod engine;
 pub mod error;

@@ -28,6 +28,7 @@ use saguaro::model::transformer::Transformer;
 use saguaro::remote::protocol::ModelInfo;
 use saguaro::remote::{bind, PrefixCaches, RemoteOptions, RemoteTarget, ServeOptions};
 use saguaro::sampling::SamplingParams;
+use saguaro::error::ErrorCode;
 use saguaro::Error;
 
 use common::distribution::{assert_unbiased, seeded, tiny, top4_sampling, Counts, Exact, K, TINY_CAPACITY, VOCAB};
@@ -315,7 +316,7 @@ fn a_draft_with_another_vocabulary_is_refused_at_load() {
     let qwen = util::model(util::QWEN_05B);
     let target = block_on(RemoteTarget::connect(RemoteOptions::new(&server.url), &qwen.weights.config)).unwrap();
     match block_on(Engine::with_remote_target(target, qwen, &engine_options(Mode::Sd))) {
-        Err(e) => assert_eq!(e.code(), "vocab_mismatch", "{e}"),
+        Err(e) => assert_eq!(e.code(), ErrorCode::VocabMismatch, "{e}"),
         Ok(_) => panic!("a Qwen draft was accepted for a SmolLM2 server"),
     }
 }
@@ -440,7 +441,7 @@ fn bad_answers_are_retried_a_bounded_number_of_times_then_reported() {
         let t = Instant::now();
         match block_on(e.generate(&Prompt::Text("Hello".into()), &greedy(8), &mut |_, _| true)) {
             Err(err @ Error::Server { .. }) => {
-                assert_eq!(err.code(), "server_error");
+                assert_eq!(err.code(), ErrorCode::ServerError);
                 let message = err.to_string();
                 assert!(message.to_lowercase().contains(&says.to_lowercase()), "{message} does not say {says:?}");
                 assert_eq!(count.load(Ordering::SeqCst), if retried { 3 } else { 1 }, "{message}");

@@ -282,6 +282,7 @@ pub(crate) fn check_attention(qkv: [(usize, usize); 3], cache: CacheDims, layer:
 /// How a GPU backend's KV cache stores K and V; the CPU's holds f32. Attention computes in f32
 /// either way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "lowercase"))]
 pub enum KvCache {
     /// Rounded to f16, as llama.cpp and WebLLM cache by default: half the memory, so twice the
     /// context in the same GPU memory, and half the bytes a decode's attention reads. The golden

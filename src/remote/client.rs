@@ -37,14 +37,20 @@ pub struct RemoteOptions {
     pub top_n: usize,
 }
 
+/// [`RemoteOptions`]' defaults, for every front-end (the CLI's `--server-*`, the JS API's server target).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_RETRIES: u32 = 3;
+pub const DEFAULT_BACKOFF: Duration = Duration::from_millis(100);
+pub const DEFAULT_TOP_N: usize = 64;
+
 impl RemoteOptions {
     pub fn new(url: &str) -> Self {
         RemoteOptions {
             url: url.trim_end_matches('/').to_string(),
-            timeout: Duration::from_secs(60),
-            retries: 3,
-            backoff: Duration::from_millis(100),
-            top_n: 64,
+            timeout: DEFAULT_TIMEOUT,
+            retries: DEFAULT_RETRIES,
+            backoff: DEFAULT_BACKOFF,
+            top_n: DEFAULT_TOP_N,
         }
     }
 }

@@ -17,7 +17,7 @@ use web_time::{Duration, Instant};
 
 use crate::backend::Batch;
 use crate::decode::ssd::{Job, Reply};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 use crate::model::runner::{BoxedLm, Hooked, Pause};
 use super::timer::sleep;
 use crate::runtime::{Channel, RelSpan};
@@ -27,14 +27,14 @@ use crate::runtime::{Channel, RelSpan};
 #[serde(rename_all = "lowercase")]
 pub enum WireReply {
     Ok(Reply<RelSpan>),
-    Error { code: String, message: String },
+    Error { code: ErrorCode, message: String },
 }
 
 impl From<Result<Reply<RelSpan>>> for WireReply {
     fn from(r: Result<Reply<RelSpan>>) -> Self {
         match r {
             Ok(reply) => WireReply::Ok(reply),
-            Err(e) => WireReply::Error { code: e.code().into(), message: e.to_string() },
+            Err(e) => WireReply::Error { code: e.code(), message: e.to_string() },
         }
     }
 }

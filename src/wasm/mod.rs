@@ -12,7 +12,8 @@
 //! - in the threads build (feature `threads`, compiled with atomics), the pool of workers sharing
 //!   this module's memory that the CPU backend computes on ([`threads`]).
 //!
-//! Errors cross as JS `Error`s with a `code` ([`Error::code`]).
+//! Errors cross as JS `Error`s with a `code` ([`Error::code`]). The options, defaults and limits
+//! are the JS API's contract ([`crate::contract`]), which [`defaults`] and [`limits`] export.
 
 mod channel;
 mod fetch;
@@ -35,31 +36,40 @@ use web_sys::MessagePort;
 use crate::decode::ssd::Job;
 use crate::decode::{DraftHost, DraftWorker};
 use crate::engine::{Device, Engine, Target};
-use crate::error::Error;
+use crate::contract::{self, EngineInfo, GenerateOpts, LoadOpts, ServerTarget, MAX_MODEL_BYTES};
+use crate::error::{Error, ErrorCode};
 use crate::model::load::{from_gguf, ModelFile};
 use crate::model::runner::BoxedLm;
 use crate::remote::RemoteTarget;
-
-use options::{GenerateOpts, LoadOpts};
 
 /// A JS `Error` with `code` set.
 pub(crate) fn js_error(e: &Error) -> JsValue {
     js_error_with(e.code(), &e.to_string())
 }
 
-pub(crate) fn js_error_with(code: &str, message: &str) -> JsValue {
+pub(crate) fn js_error_with(code: ErrorCode, message: &str) -> JsValue {
     let err = js_sys::Error::new(message);
-    let _ = js_sys::Reflect::set(&err, &"code".into(), &code.into());
+    let _ = js_sys::Reflect::set(&err, &"code".into(), &code.to_string().into());
     err.into()
 }
 
 fn to_js<T: Serialize>(v: &T) -> Result<JsValue, JsValue> {
     v.serialize(&serde_wasm_bindgen::Serializer::json_compatible())
-        .map_err(|e| js_error_with("internal", &e.to_string()))
+        .map_err(|e| js_error_with(ErrorCode::Internal, &e.to_string()))
 }
 
-/// The largest model file accepted: wasm32 memory is 4 GiB in all.
-const MAX_MODEL_BYTES: f64 = 3.5 * (1u64 << 30) as f64;
+/// What an option left out means ([`contract::defaults`]); the package's `DEFAULTS`, generated
+/// from the same function, hold the same.
+#[wasm_bindgen]
+pub fn defaults() -> Result<JsValue, JsValue> {
+    to_js(&contract::defaults())
+}
+
+/// The bounds of what the package takes ([`contract::limits`]), as its `LIMITS`.
+#[wasm_bindgen]
+pub fn limits() -> Result<JsValue, JsValue> {
+    to_js(&contract::limits())
+}
 
 /// A model file's bytes in wasm memory, written piece by piece as they arrive.
 #[wasm_bindgen]
@@ -75,13 +85,13 @@ impl ModelBuffer {
     pub fn new(len: f64) -> Result<ModelBuffer, JsValue> {
         if !(len.is_finite() && len > 0.0 && len <= MAX_MODEL_BYTES) {
             return Err(js_error_with(
-                "bad_model",
-                &format!("a model file of {len} bytes cannot be held in wasm memory (1 byte to 3.5 GiB)"),
+                ErrorCode::BadModel,
+                &format!("a model file of {len} bytes cannot be held in wasm memory (1 byte to {} GiB)", MAX_MODEL_BYTES / (1u64 << 30) as f64),
             ));
         }
         let mut data = Vec::new();
         data.try_reserve_exact(len as usize)
-            .map_err(|_| js_error_with("out_of_memory", &format!("cannot allocate {len} bytes for the model")))?;
+            .map_err(|_| js_error_with(ErrorCode::OutOfMemory, &format!("cannot allocate {len} bytes for the model")))?;
         data.resize(len as usize, 0);
         Ok(ModelBuffer { data, written: 0 })
     }
@@ -91,7 +101,7 @@ impl ModelBuffer {
         let end = self.written + chunk.len();
         if end > self.data.len() {
             return Err(js_error_with(
-                "bad_model",
+                ErrorCode::BadModel,
                 &format!("the model is longer than its announced {} bytes", self.data.len()),
             ));
         }
@@ -109,7 +119,7 @@ impl ModelBuffer {
     fn parse(self) -> Result<ModelFile, JsValue> {
         if self.written != self.data.len() {
             return Err(js_error_with(
-                "bad_model",
+                ErrorCode::BadModel,
                 &format!("the model file is truncated: {} of {} bytes arrived", self.written, self.data.len()),
             ));
         }
@@ -133,11 +143,11 @@ impl ModelStream {
         install_panic_hook();
         future_to_promise(async move {
             if !(len.is_finite() && (0.0..=MAX_SAFE_INTEGER).contains(&len)) {
-                return Err(js_error_with("bad_model", &format!("a model file of {len} bytes")));
+                return Err(js_error_with(ErrorCode::BadModel, &format!("a model file of {len} bytes")));
             }
             let opts: LoadOpts = options::parse(opts)?;
             let Some(options) = opts.engine_options()?.target.gpu_options() else {
-                return Err(js_error_with("invalid_argument", "a target streamed to the GPU needs backend 'gpu'"));
+                return Err(js_error_with(ErrorCode::InvalidArgument, "a target streamed to the GPU needs backend 'gpu'"));
             };
             let gpu = crate::backend::gpu::GpuBackend::new(options).await.map_err(|e| js_error(&e))?;
             let stream = crate::model::stream::GgufStream::new(gpu, (len > 0.0).then_some(len as u64));
@@ -234,8 +244,8 @@ impl<T> Held<T> {
 /// Why the value is not there: a call is running, or a panic ended one midway.
 fn unavailable() -> JsValue {
     match PANIC.with(|p| p.borrow().clone()) {
-        Some(msg) => js_error_with("internal", &format!("the engine stopped at an internal error ({msg}): load it again")),
-        None => js_error_with("invalid_argument", "the engine is busy with another call: await it (or abort it) first"),
+        Some(msg) => js_error_with(ErrorCode::Internal, &format!("the engine stopped at an internal error ({msg}): load it again")),
+        None => js_error_with(ErrorCode::InvalidArgument, "the engine is busy with another call: await it (or abort it) first"),
     }
 }
 
@@ -298,7 +308,7 @@ impl WasmEngine {
     pub fn load_remote(target: JsValue, draft: ModelBuffer, opts: JsValue) -> Promise {
         install_panic_hook();
         future_to_promise(async move {
-            let server: options::ServerTarget = options::parse_named(target, "target")?;
+            let server: ServerTarget = options::parse_named(target, "target")?;
             let remote = server.remote_options()?;
             let opts: LoadOpts = options::parse(opts)?;
             let engine_opts = opts.engine_options()?;
@@ -314,15 +324,15 @@ impl WasmEngine {
     /// Check a server target's fields before any model is fetched.
     #[wasm_bindgen(js_name = checkServer)]
     pub fn check_server(target: JsValue) -> Result<(), JsValue> {
-        let server: options::ServerTarget = options::parse_named(target, "target")?;
-        server.remote_options().map(drop)
+        let server: ServerTarget = options::parse_named(target, "target")?;
+        server.remote_options().map(drop).map_err(JsValue::from)
     }
 
     /// Check load options (as [`WasmEngine::load`] takes them) before any model is fetched.
     #[wasm_bindgen(js_name = checkOptions)]
     pub fn check_options(opts: JsValue) -> Result<(), JsValue> {
         let opts: LoadOpts = options::parse(opts)?;
-        opts.engine_options().map(drop)
+        opts.engine_options().map(drop).map_err(JsValue::from)
     }
 
     /// Use the draft answering on `port` (a [`WasmDraft`] in another worker) for SSD, and with
@@ -334,7 +344,7 @@ impl WasmEngine {
         let engine = self.engine.clone();
         let parsed = options::parse::<options::DraftInfo>(info).and_then(|info| match info.config {
             Some(config) => Ok((config, info.vocab, info.backend, info.device)),
-            None => Err(js_error_with("invalid_argument", "attachDraft: the draft's info has no config")),
+            None => Err(js_error_with(ErrorCode::InvalidArgument, "attachDraft: the draft's info has no config")),
         });
         let (config, vocab, backend, device) = match parsed {
             Ok(p) => p,
@@ -377,7 +387,7 @@ impl WasmEngine {
         let attached = self.draft_device.borrow().clone();
         let info = self.engine.with(|engine| {
             let c = engine.target_config();
-            options::EngineInfo {
+            EngineInfo {
                 target_backend: engine.target_backend(),
                 draft_device: engine.draft_backend().or(attached),
                 threads: crate::backend::cpu::pool::shared_threads(),
@@ -396,7 +406,7 @@ impl WasmEngine {
     /// temperature, topK, topP, seed, specK, fanout, chat}. `on_text(piece, tokens)` is called once
     /// per round with the new text and the number of tokens it committed; returning `false` stops
     /// the generation (finish "cancelled").
-    /// Resolves to {text, tokens, prompt_tokens, finish, stats}.
+    /// Resolves to {text, tokens, promptTokens, finish, stats} (the generated `GenerateResult`).
     pub fn generate(&self, prompt: JsValue, opts: JsValue, on_text: Function) -> Promise {
         let engine = self.engine.clone();
         future_to_promise(async move {
@@ -419,7 +429,8 @@ impl WasmEngine {
             if let Some(e) = callback_error {
                 return Err(e);
             }
-            to_js(&completion)
+            let completion = serde_json::to_value(&completion).map_err(|e| js_error_with(ErrorCode::Internal, &e.to_string()))?;
+            to_js(&contract::camel(completion))
         })
     }
 }
@@ -478,7 +489,7 @@ impl WasmDraft {
         let host = self.host.clone();
         future_to_promise(async move {
             let job: Job = serde_wasm_bindgen::from_value(job)
-                .map_err(|e| js_error_with("internal", &format!("unreadable draft job: {e}")))?;
+                .map_err(|e| js_error_with(ErrorCode::Internal, &format!("unreadable draft job: {e}")))?;
             let mut held = host.take()?;
             let reply = held.handle(job).await;
             host.put(held);

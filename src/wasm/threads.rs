@@ -23,8 +23,8 @@ use std::time::Duration;
 use wasm_bindgen::prelude::*;
 use web_time::Instant;
 
-use super::options::MAX_THREADS;
 use crate::backend::cpu::pool;
+use crate::contract::MAX_THREADS;
 
 /// How long a waiting thread spins before it parks: longer than the gaps between a forward's
 /// parallel calls (a parked thread takes tens of microseconds to wake), short enough that an idle
@@ -117,7 +117,7 @@ impl pool::Threads for Workers {
 #[wasm_bindgen(js_name = threadsStart)]
 pub fn threads_start(threads: usize) -> Result<JsValue, JsValue> {
     if !(1..=MAX_THREADS).contains(&threads) {
-        return Err(super::js_error_with("invalid_argument", &format!("threads: must be 1 to {MAX_THREADS}, got {threads}")));
+        return Err(super::js_error_with(crate::error::ErrorCode::InvalidArgument, &format!("threads: must be 1 to {MAX_THREADS}, got {threads}")));
     }
     if SIZE.compare_exchange(0, threads, AcqRel, Acquire).is_ok() {
         ROLE.with(|r| r.set(Role::Owner));

@@ -7,7 +7,7 @@ import { readFile } from 'node:fs/promises';
 import { createServer } from 'node:http';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
-import { Saguaro } from 'saguaro-web';
+import { DEFAULTS, LIMITS, Saguaro } from 'saguaro-web';
 import { check, golden, greedyMismatch } from './golden.mjs';
 
 const models = process.argv[2] ?? 'models';
@@ -166,4 +166,11 @@ try {
 } finally {
   server.close();
 }
+// The package's DEFAULTS and LIMITS (a generated module the main thread reads) are what its wasm
+// says: both come from src/contract.
+const pkg = import.meta.resolve('saguaro-web');
+const glue = await import(new URL('./saguaro.js', pkg).href);
+glue.initSync({ module: await readFile(new URL('./saguaro_bg.wasm', pkg)) });
+check(JSON.stringify(glue.defaults()) === JSON.stringify(DEFAULTS) && JSON.stringify(glue.limits()) === JSON.stringify(LIMITS),
+  `DEFAULTS and LIMITS equal the wasm's defaults() and limits() (${JSON.stringify(glue.defaults())})`);
 console.log('node: all passed');

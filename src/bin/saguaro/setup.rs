@@ -14,10 +14,11 @@ use saguaro::backend::cpu::Precision;
 use saguaro::backend::KvCache;
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
 use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES};
-use saguaro::engine::{Device, Engine, EngineOptions, DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT};
+use saguaro::engine::{Device, Engine, EngineOptions, DEFAULT_CONTEXT, DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT, DEFAULT_MAX_TOKENS};
 use saguaro::storage::quant::DType;
 use saguaro::model::slim::check_quant;
 use saguaro::model::load::{open, ModelFile};
+use saguaro::remote::client::{DEFAULT_RETRIES, DEFAULT_TIMEOUT, DEFAULT_TOP_N};
 use saguaro::remote::{RemoteOptions, RemoteTarget};
 use saguaro::sampling::SamplingParams;
 use saguaro::{Error, Result};
@@ -215,17 +216,17 @@ pub struct EngineArgs {
     #[arg(long, default_value = "jit")]
     pub backup: Backup,
     /// KV-cache size in tokens (prompt + output), capped by the model's context length.
-    #[arg(long, default_value_t = 4096, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_CONTEXT, allow_negative_numbers = true)]
     pub context: usize,
     /// Server target: seconds one request may take before it counts as failed.
-    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT.as_secs_f64(), allow_negative_numbers = true)]
     pub server_timeout: f64,
     /// Server target: further attempts after a failed request (with a doubling wait from 100 ms).
-    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_RETRIES, allow_negative_numbers = true)]
     pub server_retries: u32,
     /// Server target: likeliest tokens returned per position for sampled verification; sampling
     /// is exact, and allowed, only with --top-k between 1 and this.
-    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_TOP_N, allow_negative_numbers = true)]
     pub server_top_n: usize,
 }
 
@@ -234,7 +235,7 @@ pub struct EngineArgs {
 #[derive(Args)]
 pub struct SamplingArgs {
     /// Maximum number of tokens to generate.
-    #[arg(long, default_value_t = 256, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_MAX_TOKENS, allow_negative_numbers = true)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 means greedy (deterministic).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]

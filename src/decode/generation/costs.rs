@@ -18,6 +18,7 @@ pub const MAX_K: usize = 7;
 pub(crate) const TIMED: [usize; 2] = [3, 8];
 /// What one placement costs, in milliseconds.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "camelCase"))]
 pub struct Costs {
     /// AR's time per token: a decode, or with a server target the server's own decode (remote AR
     /// pays the round trip once per generation, not per token).
@@ -40,7 +41,9 @@ pub struct Costs {
 /// Milliseconds per round (AR: per token) of generations in `mode` with `k` draft tokens, averaged
 /// over generations with the latest weighing half.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "camelCase"))]
 pub struct Observed {
+    #[cfg_attr(test, ts(as = "crate::decode::Mode"))]
     pub mode: String,
     pub k: usize,
     pub round_ms: f64,
@@ -48,7 +51,9 @@ pub struct Observed {
 
 /// The mode and K a generation runs with when none is asked for, and why.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "camelCase"))]
 pub struct Choice {
+    #[cfg_attr(test, ts(as = "crate::decode::Mode"))]
     pub mode: String,
     pub k: usize,
     /// Tokens per second over AR's, as the arithmetic expects them.

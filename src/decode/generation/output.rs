@@ -7,6 +7,7 @@ use super::request::{CancelToken, Request};
 use super::stats::Stats;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     Eos,

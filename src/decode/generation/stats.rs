@@ -7,7 +7,9 @@ use super::costs::Choice;
 
 /// Statistics of one generation (the `stats` object of the CLI's `--json` output).
 #[derive(Clone, Debug, Default, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "camelCase", optional_fields))]
 pub struct Stats {
+    #[cfg_attr(test, ts(as = "crate::decode::Mode"))]
     pub mode: String,
     pub prompt_tokens: usize,
     pub generated: usize,
@@ -48,8 +50,9 @@ pub struct Stats {
     pub remote: Option<RemoteStats>,
 }
 
-/// What talking to the server cost, over the requests since the last `RemoteLink::take` (`crate::remote`).
+/// What talking to a server target cost, over the requests since its counters were last taken.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "camelCase"))]
 pub struct RemoteStats {
     /// Requests answered (each one target forward on the server).
     pub round_trips: usize,
@@ -67,6 +70,7 @@ pub struct RemoteStats {
 
 /// One SD/SSD round, in ms from the start of decoding (after the prefill).
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "camelCase"))]
 pub struct RoundTimes {
     /// The target's verification forward.
     pub verify: [f64; 2],

@@ -20,6 +20,7 @@ pub const DEFAULT_DRAFT_CANDIDATES: usize = 64;
 
 /// What SSD does when the verification outcome is not in the speculation cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "lowercase"))]
 pub enum Backup {
     /// Draft K tokens now, as SD does; the target waits for them.
     #[default]

@@ -6,11 +6,10 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 
-/// A decoding strategy, as a generation asks for it. What runs it is the [`Strategy`] of that
-/// mode the engine prepared.
-///
-/// [`Strategy`]: super::Strategy
+// What runs a mode is the `Strategy` of that mode the engine prepared (`super::Strategy`).
+/// A decoding strategy, as a generation asks for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(rename_all = "lowercase"))]
 pub enum Mode {
     /// Autoregressive: one target forward per token.
     Ar,
