@@ -35,8 +35,8 @@ pub trait Threads: Sync {
 static THREADS: std::sync::OnceLock<&'static dyn Threads> = std::sync::OnceLock::new();
 
 /// Hands every pool `threads` to compute on (the first call wins; pools made before it keep to
-/// the calling thread).
-#[cfg(not(feature = "native"))]
+/// the calling thread). Only the threads build has threads to hand over.
+#[cfg(all(not(feature = "native"), feature = "threads"))]
 pub fn install(threads: &'static dyn Threads) {
     let _ = THREADS.set(threads);
 }
