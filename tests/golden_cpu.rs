@@ -24,6 +24,10 @@ const VERIFY_ROWS: usize = 5;
 /// Greedy tokens generated step by step (the decode path: M = 1 and a growing KV cache).
 const DECODED: usize = 8;
 
+/// Positions of a whole continuation that must be compared: the golden cases' shortest run before
+/// a near tie of the reference's (SmolLM2's case 3), where either token may continue it.
+const GREEDY_COMPARED: usize = 8;
+
 fn runner(m: &ModelFile, capacity: usize) -> Box<dyn Lm> {
     Box::new(Runner::new(Transformer::new(CpuBackend::new(0).unwrap(), &m.weights).unwrap(), capacity).unwrap())
 }
@@ -67,7 +71,7 @@ fn check_model(name: &str, golden_files: &[String], tol: f32, greedy: bool) {
             // entries: a decode gives a batch row's bits (tests/cpu_kernels.rs, tests/lossless.rs),
             // so decoding the whole continuation would check nothing more.
             let argmax: Vec<u32> = logits.chunks_exact(vocab).map(saguaro::sampling::argmax).collect();
-            check_greedy(case, &argmax, &what_batches);
+            check_greedy(case, &argmax, GREEDY_COMPARED, &what_batches);
             lm.truncate(first);
             let mut generated = Vec::with_capacity(DECODED);
             let mut next = seq[first];
@@ -81,7 +85,7 @@ fn check_model(name: &str, golden_files: &[String], tol: f32, greedy: bool) {
                 greedy_ids: case.greedy_ids[..DECODED].to_vec(),
                 top5: case.top5[..DECODED].to_vec(),
             };
-            check_greedy(&head, &generated, &what);
+            check_greedy(&head, &generated, DECODED, &what);
         }
     }
 }

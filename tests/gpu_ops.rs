@@ -1,6 +1,6 @@
 //! What the GPU backend does beyond the ops `tests/ops.rs` checks on every backend: argmax with
 //! ties against the CPU backend, memory the device cannot hold, and a lost device. Skips (and says
-//! so) only where no GPU adapter exists at all and `SAGUARO_REQUIRE_GPU=1` is not set.
+//! so) only where no GPU adapter exists at all and `SAGUARO_REQUIRE_GPU=1` is not set (tests/util/gpu.rs).
 
 use futures::executor::block_on;
 use saguaro::backend::cpu::{CpuBackend, Tensor as CpuTensor};

@@ -3,7 +3,8 @@
 //! once, generic over `Backend`, and `suite!` runs each for three backends: `cpu_exact::*` and
 //! `cpu_fast::*` (the CPU backend at `Precision::Exact` and `Precision::Fast`) and `gpu::*` (wgpu on
 //! whatever adapter there is; lavapipe in CI). The GPU tests skip, saying so, only where no adapter
-//! exists at all, and fail instead with `SAGUARO_REQUIRE_GPU=1`.
+//! exists at all or it lacks the feature they are about, and fail instead with
+//! `SAGUARO_REQUIRE_GPU=1` (tests/util/gpu.rs).
 //!
 //! Shapes are small but real: head_dim 64 with grouped-query heads, prefill past the GPU's 64-slot
 //! attention chunks, decode, a K+1 verification, a rollback rewrite and a tree step whose rows
@@ -26,6 +27,8 @@
 //! the tolerance); CPU matmuls of float weights within 1.3e-7, of quantized ones at `Exact` within
 //! 1.3e-4 of Σ|w x| (the 16-bit activations', not f32's, rounding: under 40% of their bound).
 
+use std::sync::OnceLock;
+
 use futures::executor::block_on;
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
@@ -35,6 +38,7 @@ use saguaro::sampling;
 use saguaro::storage::quant::DType;
 use saguaro::storage::Weight;
 use saguaro::Error;
+use util::gpu::Missing;
 use util::rand::TestRng;
 use util::reference;
 
@@ -64,7 +68,6 @@ const GPU_F16: Tol = Tol { f16: true, ..GPU };
 const GPU_KV_F32: Tol = Tol { kv_f16: false, ..GPU };
 
 fn cpu(precision: Precision) -> &'static CpuBackend {
-    use std::sync::OnceLock;
     static EXACT: OnceLock<CpuBackend> = OnceLock::new();
     static FAST: OnceLock<CpuBackend> = OnceLock::new();
     let cell = match precision {
@@ -75,20 +78,11 @@ fn cpu(precision: Precision) -> &'static CpuBackend {
 }
 
 /// The GPU with its reductions through workgroup memory alone (plain WebGPU), where the adapter
-/// has subgroups and `gpu::*` runs with them; `None` elsewhere (`gpu::*` is then this path).
+/// has subgroups and `gpu::*` runs with them; elsewhere `gpu::*` is this path, and `gpu_plain::*`
+/// skips, saying so (a failure under `SAGUARO_REQUIRE_GPU=1`).
 fn gpu_plain() -> Option<&'static GpuBackend> {
-    use std::sync::OnceLock;
-    static PLAIN: OnceLock<Option<GpuBackend>> = OnceLock::new();
-    PLAIN
-        .get_or_init(|| {
-            let shared = util::shared_gpu()?;
-            if !shared.subgroups() {
-                println!("gpu_plain: the adapter has no subgroups, so gpu::* ran the plain path");
-                return None;
-            }
-            util::open_gpu(GpuOptions { no_subgroups: true, ..Default::default() })
-        })
-        .as_ref()
+    static PLAIN: OnceLock<Result<GpuBackend, Missing>> = OnceLock::new();
+    util::gpu::cached(&PLAIN, util::gpu::open_plain)
 }
 
 /// The decode matmul's workgroup widths beside the default's: 64 threads, whose subgroups' sums
@@ -96,24 +90,22 @@ fn gpu_plain() -> Option<&'static GpuBackend> {
 /// subgroup); 64 through workgroup memory alone, a GPU's path in the browser; 3, fewer threads
 /// than a workgroup's sums and than a subgroup; and 5 through workgroup memory alone. Each with
 /// the thread count it asked for.
-fn gpu_widths() -> &'static [(u32, GpuBackend)] {
-    use std::sync::OnceLock;
-    static WIDTHS: OnceLock<Vec<(u32, GpuBackend)>> = OnceLock::new();
-    WIDTHS.get_or_init(|| {
-        [(64, false), (64, true), (3, false), (5, true)]
-            .into_iter()
-            .filter_map(|(n, no_subgroups)| {
-                Some((n, util::open_gpu(GpuOptions { matvec_threads: Some(n), no_subgroups, ..Default::default() })?))
-            })
-            .collect()
-    })
+fn gpu_widths() -> Option<&'static [(u32, GpuBackend)]> {
+    static WIDTHS: OnceLock<Result<Vec<(u32, GpuBackend)>, Missing>> = OnceLock::new();
+    let open = |(n, no_subgroups)| Ok((n, util::gpu::open(GpuOptions { matvec_threads: Some(n), no_subgroups, ..Default::default() })?));
+    util::gpu::cached(&WIDTHS, || GPU_WIDTHS.into_iter().map(open).collect()).map(Vec::as_slice)
 }
+
+/// The widths [`gpu_widths`] opens: (threads, without subgroups).
+const GPU_WIDTHS: [(u32, bool); 4] = [(64, false), (64, true), (3, false), (5, true)];
 
 mod gpu_widths {
     macro_rules! matmul_suite {
         ($($op:ident),*) => {
             $(#[test] fn $op() {
-                for (n, g) in super::gpu_widths() {
+                let Some(widths) = super::gpu_widths() else { return };
+                assert_eq!(widths.len(), super::GPU_WIDTHS.len(), "every width opened");
+                for (n, g) in widths {
                     super::$op(g, &super::GPU);
                     let built = saguaro::backend::gpu::GpuBackend::kernels_built(g);
                     let wg = format!("WG={n},");
@@ -130,9 +122,8 @@ mod gpu_widths {
 /// separate weights and separate ops, as in f32 (that a verification's rows keep its decodes'
 /// bits, tests/gpu_models.rs checks through greedy speculation).
 fn gpu_f16() -> Option<&'static GpuBackend> {
-    use std::sync::OnceLock;
-    static F16: OnceLock<Option<GpuBackend>> = OnceLock::new();
-    F16.get_or_init(util::open_gpu_f16).as_ref()
+    static F16: OnceLock<Result<GpuBackend, Missing>> = OnceLock::new();
+    util::gpu::cached(&F16, util::gpu::open_f16)
 }
 
 mod gpu_f16 {
@@ -824,9 +815,8 @@ fn cpu_attention_rows_get_the_same_bits_in_any_batch() {
 /// The GPU with a small batch's attention walk split every 64 slots (a GPU splits every 128,
 /// lavapipe never), so that `gpu_split::*` covers the split walk and its merge on any adapter.
 fn gpu_split() -> Option<&'static GpuBackend> {
-    use std::sync::OnceLock;
-    static SPLIT: OnceLock<Option<GpuBackend>> = OnceLock::new();
-    SPLIT.get_or_init(|| util::open_gpu(GpuOptions { attention_split: Some(64), ..Default::default() })).as_ref()
+    static SPLIT: OnceLock<Result<GpuBackend, Missing>> = OnceLock::new();
+    util::gpu::cached(&SPLIT, || util::gpu::open(GpuOptions { attention_split: Some(64), ..Default::default() }))
 }
 
 mod gpu_split {
@@ -847,17 +837,16 @@ mod gpu_split {
 /// The GPU with its KV cache in f32 (the default caches f16), so that `gpu_kv_f32::*` covers both
 /// ways of storing it; each suite checks the kernel of its way ran.
 fn gpu_kv_f32() -> Option<&'static GpuBackend> {
-    use std::sync::OnceLock;
-    static F32: OnceLock<Option<GpuBackend>> = OnceLock::new();
-    F32.get_or_init(|| util::open_gpu(GpuOptions { kv_cache: KvCache::F32, ..Default::default() })).as_ref()
+    static F32: OnceLock<Result<GpuBackend, Missing>> = OnceLock::new();
+    util::gpu::cached(&F32, || util::gpu::open(GpuOptions { kv_cache: KvCache::F32, ..Default::default() }))
 }
 
 mod gpu_kv {
     macro_rules! attention_suite {
         ($($op:ident),*) => {
             $(#[test] fn $op() {
-                for (b, tol, kv) in [(super::util::shared_gpu(), &super::GPU, "KV=@kv_f16"), (super::gpu_kv_f32(), &super::GPU_KV_F32, "KV=@kv_f32")] {
-                    let Some(b) = b else { continue };
+                let (Some(f16), Some(f32)) = (super::util::shared_gpu(), super::gpu_kv_f32()) else { return };
+                for (b, tol, kv) in [(f16, &super::GPU, "KV=@kv_f16"), (f32, &super::GPU_KV_F32, "KV=@kv_f32")] {
                     super::$op(b, tol);
                     let built = saguaro::backend::gpu::GpuBackend::kernels_built(b);
                     assert!(built.iter().any(|k| k.starts_with("attention.attend") && k.contains(kv)), "{kv} did not run: {built:?}");
@@ -874,8 +863,8 @@ mod gpu_kv {
 /// windows, whose rows start their walks at different slots.
 #[test]
 fn gpu_attention_rows_get_the_same_bits_in_any_batch() {
-    let backends = [("default", util::shared_gpu()), ("split every 64 slots", gpu_split())];
-    for (how, b) in backends.into_iter().filter_map(|(how, b)| Some((how, b?))) {
+    let (Some(default), Some(split)) = (util::shared_gpu(), gpu_split()) else { return };
+    for (how, b) in [("default", default), ("split every 64 slots", split)] {
         let windowed = |w| AttnShape { window: Some(w), ..AttnShape::new(12, 2, 64) };
         let cases = [
             (AttnShape::new(12, 2, 64), 62),
@@ -1038,7 +1027,8 @@ fn draw<B: Backend>(b: &B, _: &Tol) {
 /// each other), on both reduction paths.
 #[test]
 fn gpu_draws_are_the_reference_race() {
-    for g in [util::shared_gpu(), gpu_plain()].into_iter().flatten() {
+    let Some(shared) = util::shared_gpu() else { return };
+    for g in std::iter::once(shared).chain(gpu_plain()) {
         for (rows, cols, x, d) in draw_cases(72) {
             let got = block_on(g.draw(&up(g, rows, cols, &x), &d)).unwrap();
             for (r, (got, row)) in got.iter().zip(x.chunks_exact(cols)).enumerate() {

@@ -3,11 +3,12 @@
 // text; stats and the timeline are shown; the page keeps painting during a CPU generation; stop
 // then a new race gives the golden text again; screenshots at laptop and phone widths, written
 // to a temporary directory (the tracked ones in docs/screenshots are replaced by hand).
-// Usage: node tests/web/e2e.mjs   (after scripts/build-web.sh; needs models/)
+// Usage: node --test tests/web/e2e.mjs   (after scripts/build-web.sh; needs models/)
 import { spawn } from 'node:child_process';
 import { mkdtempSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { after, test } from 'node:test';
 import { chromium } from 'playwright-core';
 import { check, golden, greedyMismatch } from './golden.mjs';
 
@@ -29,6 +30,10 @@ const browser = await chromium.launch({
 });
 // SwiftShader decodes SmolLM2 at seconds per token on two shared cores.
 const timeout = 1_800_000;
+after(async () => {
+  await browser.close();
+  server.kill();
+});
 // One context for every page, so the second load finds the models in the Cache API.
 const context = await browser.newContext();
 
@@ -51,30 +56,32 @@ async function race(page) {
   return page.evaluate(() => ({ results: window.demo.results, error: window.demo.error }));
 }
 
-try {
+test('the GPU target, the draft in a CPU worker', async (t) => {
   // 1. GPU target (SwiftShader), draft in a CPU worker.
   const page = await open({ backend: 'gpu', draftBackend: 'cpu', maxTokens: String(gpuN) });
   const info = await page.evaluate(() => ({ ...window.demo.engine.info, loadMs: window.demo.loadMs }));
-  check(info.backend === 'gpu' && info.draftWorker, `target on WebGPU (${info.targetBackend}), draft in its own worker`);
+  await check(t, info.backend === 'gpu' && info.draftWorker, `target on WebGPU (${info.targetBackend}), draft in its own worker`);
   const { results, error } = await race(page);
-  check(!error, `race ran (${JSON.stringify(error)})`);
+  await check(t, !error, `race ran (${JSON.stringify(error)})`);
   const { ar, ssd } = results;
-  check(ar.tokens.length === gpuN && greedyMismatch(ar.tokens, g) === null, `AR on WebGPU gives the golden tokens (${greedyMismatch(ar.tokens, g)})`);
-  check(JSON.stringify(ssd.tokens) === JSON.stringify(ar.tokens) && ssd.text === ar.text, 'SSD gives exactly the AR text');
+  await check(t, ar.tokens.length === gpuN && greedyMismatch(ar.tokens, g) === null, `AR on WebGPU gives the golden tokens (${greedyMismatch(ar.tokens, g)})`);
+  await check(t, JSON.stringify(ssd.tokens) === JSON.stringify(ar.tokens) && ssd.text === ar.text, 'SSD gives exactly the AR text');
   // The draft speculates in its own worker while the target verifies: their spans overlap.
-  check(ssd.stats.timeline?.some((r) => r.draft) && ssd.stats.overlapMs > 0,
+  await check(t, ssd.stats.timeline?.some((r) => r.draft) && ssd.stats.overlapMs > 0,
     `SSD stats carry the draft's spans, overlapping the verifies (${ssd.stats.overlapMs?.toFixed(0)} ms)`);
-  check(await page.locator('#timeline svg rect').count() > 0, 'the timeline is drawn');
-  check((await page.textContent('#lane-ssd [data-k="speedup"]')).includes('x'), 'the speed-up is shown');
+  await check(t, await page.locator('#timeline svg rect').count() > 0, 'the timeline is drawn');
+  await check(t, (await page.textContent('#lane-ssd [data-k="speedup"]')).includes('x'), 'the speed-up is shown');
   console.log(`metrics: gpu-target AR ${ar.stats.tokensPerS.toFixed(2)} tok/s, SSD ${ssd.stats.tokensPerS.toFixed(2)} tok/s, ` +
     `overlap ${ssd.stats.overlapMs.toFixed(0)} of ${ssd.stats.draftBusyMs.toFixed(0)} ms draft time, load ${info.loadMs.toFixed(0)} ms`);
   await page.screenshot({ path: `${shots}/demo-laptop.png`, fullPage: true });
   await page.setViewportSize({ width: 390, height: 844 });
   await page.screenshot({ path: `${shots}/demo-phone.png`, fullPage: true });
   const sizes = ['demo-laptop.png', 'demo-phone.png'].map((f) => statSync(join(shots, f)).size);
-  check(sizes.every((b) => b > 10_000), `screenshots in ${shots} (${sizes.join(', ')} bytes)`);
+  await check(t, sizes.every((b) => b > 10_000), `screenshots in ${shots} (${sizes.join(', ')} bytes)`);
   await page.close();
+});
 
+test('the CPU target: painting, stop, a new race', async (t) => {
   // 2. CPU target: the main thread keeps painting while the engine worker computes; stop, then
   //    a new race gives the golden text.
   const cpu = await open({ backend: 'cpu', draftBackend: 'cpu', maxTokens: '400' });
@@ -82,7 +89,7 @@ try {
   // thread per core (at most 8).
   const { threads, targetBackend } = await cpu.evaluate(() => window.demo.engine.info);
   const cores = await cpu.evaluate(() => Math.min(navigator.hardwareConcurrency, 8));
-  check(threads === cores && targetBackend.startsWith(`cpu (${cores} threads`),
+  await check(t, threads === cores && targetBackend.startsWith(`cpu (${cores} threads`),
     `the CPU target computes on ${cores} threads (${threads}: ${targetBackend})`);
   const loadMs = await cpu.evaluate(() => window.demo.loadMs);
   console.log(`metrics: reload with the Cache API: ${loadMs.toFixed(0)} ms`);
@@ -91,31 +98,29 @@ try {
   const f0 = await cpu.evaluate(() => window.demo.frames);
   await cpu.waitForTimeout(1000);
   const f1 = await cpu.evaluate(() => window.demo.frames);
-  check(f1 - f0 >= 20, `requestAnimationFrame kept firing during a CPU generation (${f1 - f0} frames in 1 s)`);
+  await check(t, f1 - f0 >= 20, `requestAnimationFrame kept firing during a CPU generation (${f1 - f0} frames in 1 s)`);
   await cpu.click('#stop');
   await cpu.waitForFunction(() => !window.demo.running, null, { timeout });
   const stopped = await cpu.evaluate(() => window.demo.error);
-  check(stopped?.code === 'aborted', `stop aborts the generation (${JSON.stringify(stopped)})`);
+  await check(t, stopped?.code === 'aborted', `stop aborts the generation (${JSON.stringify(stopped)})`);
   await cpu.fill('#maxTokens', String(n));
   const again = await race(cpu);
-  check(!again.error && greedyMismatch(again.results.ar.tokens, g) === null && again.results.ar.tokens.length === n, 'after a stop, AR gives the golden tokens');
-  check(JSON.stringify(again.results.ssd.tokens) === JSON.stringify(again.results.ar.tokens), 'after a stop, SSD equals AR');
+  await check(t, !again.error && greedyMismatch(again.results.ar.tokens, g) === null && again.results.ar.tokens.length === n, 'after a stop, AR gives the golden tokens');
+  await check(t, JSON.stringify(again.results.ssd.tokens) === JSON.stringify(again.results.ar.tokens), 'after a stop, SSD equals AR');
   console.log(`metrics: cpu-target AR ${again.results.ar.stats.tokensPerS.toFixed(2)} tok/s, SSD ${again.results.ssd.stats.tokensPerS.toFixed(2)} tok/s`);
   await cpu.close();
+});
 
+test('Gemma 3 270M on the CPU in the browser', async (t) => {
   // 3. Gemma 3 270M (SentencePiece vocabulary with BOS, sliding-window layers, GeGLU) on the CPU
   //    in the browser: its prompt tokenized there gives the float64 reference's tokens.
   const gg = golden('f64-gemma-3-270m-q4_k_m', 1);
   const gn = 4;
   const gemma = await open({ pair: 'gemma', prompt: gg.prompt, backend: 'cpu', draftBackend: 'cpu', maxTokens: String(gn) });
   const gemmaRace = await race(gemma);
-  check(!gemmaRace.error, `Gemma race ran (${JSON.stringify(gemmaRace.error)})`);
+  await check(t, !gemmaRace.error, `Gemma race ran (${JSON.stringify(gemmaRace.error)})`);
   const gar = gemmaRace.results.ar;
-  check(gar.tokens.length === gn && greedyMismatch(gar.tokens, gg) === null,
+  await check(t, gar.tokens.length === gn && greedyMismatch(gar.tokens, gg) === null,
     `Gemma 3 AR in the browser gives the reference tokens (${greedyMismatch(gar.tokens, gg)}): ${JSON.stringify(gar.text)}`);
-  check(JSON.stringify(gemmaRace.results.ssd.tokens) === JSON.stringify(gar.tokens), 'Gemma 3 SSD equals AR');
-  console.log('e2e: all passed');
-} finally {
-  await browser.close();
-  server.kill();
-}
+  await check(t, JSON.stringify(gemmaRace.results.ssd.tokens) === JSON.stringify(gar.tokens), 'Gemma 3 SSD equals AR');
+});

@@ -1,8 +1,8 @@
 // The golden reference (HF transformers fp32) for the web tests, with the near-tie rule of the
 // Rust golden tests: where the reference's own top-1/top-2 margin is below 0.01, either token is
 // accepted and the comparison ends there.
+import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -25,7 +25,8 @@ export function greedyMismatch(ids, c) {
   return null;
 }
 
-export function check(cond, msg) {
-  if (!cond) throw new Error(`FAIL: ${msg}`);
-  console.log(`ok: ${msg}`);
+/** One check as its own subtest of `t` (a node:test context): it passes or fails by itself, the
+ * checks after it run either way, and the runner counts it. */
+export function check(t, cond, msg) {
+  return t.test(msg, () => assert.ok(cond, msg));
 }

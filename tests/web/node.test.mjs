@@ -1,176 +1,213 @@
 // The packed npm package in Node, installed into a fresh project (scripts/test-web.sh does that
 // and runs this file there): SmolLM2 from bytes on the CPU backend, AR and SSD against the golden
 // greedy ids, streaming (and leaving a stream early), the chat API, abort, errors, options only the
-// engine knows, and a model served gzip-encoded.
-// Usage: node node.test.mjs MODELS_DIR   (cwd: a project with saguaro-web installed)
+// engine knows, and a model served gzip-encoded; sampled generations against the native engine's
+// (`saguaro generate`, SAGUARO_BIN) for the same seed.
+// Usage: SAGUARO_MODELS=DIR node --test node.test.mjs   (cwd: a project with saguaro-web installed)
 import { readFile } from 'node:fs/promises';
 import { createServer } from 'node:http';
 import { join } from 'node:path';
+import { test } from 'node:test';
 import { gzipSync } from 'node:zlib';
 import { DEFAULTS, LIMITS, Saguaro } from 'saguaro-web';
 import { check, golden, greedyMismatch } from './golden.mjs';
+import { generate } from './native.mjs';
 
-const models = process.argv[2] ?? 'models';
+const models = process.env.SAGUARO_MODELS ?? 'models';
 const bytes = await readFile(join(models, 'smollm2-135m-instruct-q4_1.gguf'));
 const g = golden();
 const n = 24;
 
-const phases = new Set();
-const engine = await Saguaro.load({ target: bytes, draft: new Uint8Array(bytes) }, { onProgress: (p) => phases.add(p.phase) });
-check(engine.info.backend === 'cpu' && engine.info.hasDraft, `loaded on the CPU with a draft (${JSON.stringify(engine.info)})`);
-// Node 20's V8 runs relaxed SIMD only behind a flag, so the package loads a simd128 build (in Node, the threads one).
-check(/simd128/.test(engine.info.targetBackend), `the CPU target runs the simd128 kernels (${engine.info.targetBackend})`);
-check(phases.has('download'), 'progress reported');
+let engine, ar;
 
-const ar = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
-check(greedyMismatch(ar.tokens, g) === null && ar.tokens.length === n, `AR equals the golden greedy ids (${greedyMismatch(ar.tokens, g)})`);
-check(ar.promptTokens === g.prompt_ids.length, 'prompt tokens match the reference tokenization');
-const ssd = await engine.generate(g.prompt, { mode: 'ssd', maxTokens: n });
-check(JSON.stringify(ssd.tokens) === JSON.stringify(ar.tokens) && ssd.text === ar.text, 'SSD equals AR token for token');
-// The draft computes at fast precision, so even drafting for itself a few proposals differ.
-check(ssd.stats.mode === 'ssd' && ssd.stats.acceptanceRate > 0.5, `SSD stats: a self-draft is mostly accepted (${ssd.stats.acceptanceRate})`);
-// Each round commits its accepted tokens and one of the target's (the last round may be cut at
-// maxTokens); the first token comes from the prefill. Verifies follow one another in time.
-const tl = ssd.stats.timeline;
-const committed = tl.reduce((sum, r) => sum + r.accepted + 1, 0);
-const lastCommit = tl[tl.length - 1].accepted + 1;
-check(tl.every((r) => r.accepted <= r.proposed) && committed >= n - 1 && committed - lastCommit < n - 1,
-  `SSD timeline: its rounds commit the ${n - 1} tokens after the prefill's (${committed}, the last ${lastCommit})`);
-check(tl.every((r, i) => r.verify[0] <= r.verify[1] && (i === 0 || tl[i - 1].verify[1] <= r.verify[0])) && tl[tl.length - 1].verify[1] <= ssd.stats.decodeMs + 1,
-  'SSD timeline: the verifies follow one another within the decode time');
-console.log(`metrics: node wasm CPU (${engine.info.threads} threads): AR ${ar.stats.tokensPerS.toFixed(1)} tok/s, SSD ${ssd.stats.tokensPerS.toFixed(1)} tok/s (draft inline)`);
-const sd = await engine.generate(g.prompt, { mode: 'sd', maxTokens: n });
-check(JSON.stringify(sd.tokens) === JSON.stringify(ar.tokens), 'SD equals AR token for token');
-console.log(`metrics: node wasm CPU (${engine.info.threads} threads): SD ${sd.stats.tokensPerS.toFixed(1)} tok/s`);
-// The engine measured the modes at load and chose (refining the choice with the acceptance each
-// speculative generation sees); the package leaves the choice to it.
-const chosen = await engine.generate(g.prompt, { maxTokens: n });
-check(chosen.stats.auto && chosen.stats.mode === chosen.stats.auto.mode && ['ar', 'sd', 'ssd'].includes(engine.info.defaultMode),
-  `without a mode, the generation runs in the engine's measured choice (${chosen.stats.auto?.mode}, stats ${chosen.stats.mode})`);
-// The choice is refined after each speculative generation, and `info` follows it: a prompt the
-// draft always gets right (it drafts for itself) pulls the acceptance up.
-const before = engine.info.defaultMode;
-const refined = [];
-for (let i = 0; i < 3; i++) {
-  await engine.generate(g.prompt, { mode: 'sd', maxTokens: n });
-  const want = engine.info.defaultMode;
-  refined.push(want);
-  const next = await engine.generate(g.prompt, { maxTokens: 4 });
-  check(next.stats.mode === want, `info.defaultMode is the mode the next generation without one runs in (${want}, ran ${next.stats.mode})`);
-}
-console.log(`metrics: default mode ${before} at load, then ${refined.join(', ')}`);
-
-let streamed = '';
-const s = engine.stream(g.prompt, { mode: 'ssd', maxTokens: n });
-for await (const piece of s) streamed += piece;
-check(streamed === ar.text, 'stream() pieces concatenate to the text');
-
-// Leaving a stream early aborts its generation: it does not run on to maxTokens, and the engine
-// is free at once for the next call.
-const long = engine.stream(g.prompt, { mode: 'ssd', maxTokens: 400 });
-for await (const piece of long) if (piece) break;
-let left = null;
-try {
-  await long.result;
-} catch (e) {
-  left = e;
-}
-check(left?.code === 'aborted' && left.partial?.finish === 'cancelled' && left.partial.tokens.length < 50,
-  `break out of stream() aborts the generation (${left?.code}, ${left?.partial?.tokens.length} tokens)`);
-const t0 = performance.now();
-const next = await engine.generate(g.prompt, { mode: 'ar', maxTokens: 4 });
-check(next.tokens.length === 4, `the next generation runs at once (${(performance.now() - t0).toFixed(0)} ms)`);
-
-// A stream whose generation fails throws from the loop, and its result rejects.
-const failing = engine.stream(g.prompt, { temperature: -1 });
-let thrown = null;
-try {
-  for await (const piece of failing) streamed += piece;
-} catch (e) {
-  thrown = e.code;
-}
-let rejected = null;
-await failing.result.catch((e) => (rejected = e.code));
-check(thrown === 'invalid_argument' && rejected === 'invalid_argument', `a failed stream throws and its result rejects (${thrown}, ${rejected})`);
-
-// Abort after the first round; the next generation is exactly a fresh one.
-const ctrl = new AbortController();
-let code = null;
-try {
-  await engine.generate(g.prompt, { mode: 'ssd', maxTokens: 200, signal: ctrl.signal, onToken: () => ctrl.abort() });
-} catch (e) {
-  code = e.code;
-}
-check(code === 'aborted', `abort rejects with code aborted (${code})`);
-const again = await engine.generate(g.prompt, { mode: 'ssd', maxTokens: n });
-check(JSON.stringify(again.tokens) === JSON.stringify(ar.tokens), 'after an abort the engine gives what a fresh one gives');
-
-const chat = await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hi.' }], max_tokens: 48 });
-const reply = chat.choices[0];
-check(chat.object === 'chat.completion' && reply.finish_reason === 'stop' && reply.message.content.length > 0,
-  `chat.completions.create: the reply ends at the stop token (${reply.finish_reason}: ${JSON.stringify(reply.message.content)})`);
-check(!reply.message.content.includes('<|im_end|>'), 'chat content leaves the stop token out');
-let chunks = '';
-let finishReason = null;
-for await (const c of await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hi.' }], max_tokens: 48, stream: true })) {
-  chunks += c.choices[0].delta.content ?? '';
-  finishReason = c.choices[0].finish_reason ?? finishReason;
-}
-check(chunks === reply.message.content && finishReason === 'stop', 'streamed chat chunks equal the non-streamed reply, and it ends with stop');
-
-const rejects = async (p, want, what) => {
-  let got = null;
-  try {
-    await p;
-  } catch (e) {
-    got = e.code;
-  }
-  check(got === want, `${what}: code ${want} (${got})`);
-};
-await rejects(engine.generate(g.prompt, { temperature: -1 }), 'invalid_argument', 'negative temperature');
-await rejects(engine.generate(g.prompt, { topP: 0 }), 'invalid_argument', 'top_p 0');
-await rejects(engine.generate(g.prompt, { mode: 'fast' }), 'invalid_argument', 'unknown mode');
-await rejects(engine.generate(g.prompt, { maxTokens: 0 }), 'invalid_argument', 'maxTokens 0');
-await rejects(Saguaro.load({ target: bytes.subarray(0, 4096) }), 'bad_model', 'truncated model');
-await rejects(Saguaro.load({ target: new Uint8Array(1000) }), 'bad_model', 'not a GGUF file');
-await rejects(Saguaro.load({ target: bytes }, { backend: 'gpu' }), 'no_webgpu', 'GPU in Node');
-await rejects(Saguaro.load({ target: bytes }, { specKay: 3 }), 'invalid_argument', 'an unknown load option');
-await rejects(Saguaro.load({ target: bytes }, { modes: ['ar', 'fast'] }), 'invalid_argument', 'an unknown mode name, checked by the engine');
-for (const threads of [0, 65, 1.5, 'two']) await rejects(Saguaro.load({ target: bytes }, { threads }), 'invalid_argument', `threads ${JSON.stringify(threads)}`);
-for (const kvCache of ['f8', 16]) await rejects(Saguaro.load({ target: bytes }, { kvCache }), 'invalid_argument', `kvCache ${JSON.stringify(kvCache)}`);
-await rejects(Saguaro.load({ target: bytes }, { shaderF16: 'yes' }), 'invalid_argument', 'shaderF16 not a boolean');
-await rejects(engine.generate(g.prompt, { maxToken: 3 }), 'invalid_argument', 'an unknown generate option');
-const after = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
-check(JSON.stringify(after.tokens) === JSON.stringify(ar.tokens), 'the engine still works after errors');
-await engine.dispose();
-await rejects(engine.generate(g.prompt), 'invalid_argument', 'generate after dispose');
-
-// An option only the engine lists reaches it: prompt lookup drafts SD from the prompt itself.
-const lookup = await Saguaro.load({ target: bytes }, { promptLookup: true });
-const looked = await lookup.generate(g.prompt, { mode: 'sd', maxTokens: n });
-check(JSON.stringify(looked.tokens) === JSON.stringify(ar.tokens) && looked.stats.mode === 'sd', 'promptLookup: SD by prompt lookup equals AR');
-await lookup.dispose();
-
-// A server that compresses the model: Content-Length is then the gzip size, not the file's.
-const gz = gzipSync(bytes, { level: 1 });
-const server = createServer((req, res) => {
-  res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-encoding': 'gzip', 'content-length': gz.length });
-  res.end(gz);
+test('loaded from bytes', async (t) => {
+  const phases = new Set();
+  engine = await Saguaro.load({ target: bytes, draft: new Uint8Array(bytes) }, { onProgress: (p) => phases.add(p.phase) });
+  await check(t, engine.info.backend === 'cpu' && engine.info.hasDraft, `loaded on the CPU with a draft (${JSON.stringify(engine.info)})`);
+  // Node 20's V8 runs relaxed SIMD only behind a flag, so the package loads a simd128 build (in Node, the threads one).
+  await check(t, /simd128/.test(engine.info.targetBackend), `the CPU target runs the simd128 kernels (${engine.info.targetBackend})`);
+  await check(t, phases.has('download'), 'progress reported');
 });
-await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-try {
-  const served = await Saguaro.load({ target: `http://127.0.0.1:${server.address().port}/model.gguf` });
-  const fromGzip = await served.generate(g.prompt, { mode: 'ar', maxTokens: n });
-  check(JSON.stringify(fromGzip.tokens) === JSON.stringify(ar.tokens), `a gzip-encoded download (${gz.length} of ${bytes.length} bytes) loads the same model`);
-  await served.dispose();
-} finally {
-  server.close();
-}
-// The package's DEFAULTS and LIMITS (a generated module the main thread reads) are what its wasm
-// says: both come from src/contract.
-const pkg = import.meta.resolve('saguaro-web');
-const glue = await import(new URL('./saguaro.js', pkg).href);
-glue.initSync({ module: await readFile(new URL('./saguaro_bg.wasm', pkg)) });
-check(JSON.stringify(glue.defaults()) === JSON.stringify(DEFAULTS) && JSON.stringify(glue.limits()) === JSON.stringify(LIMITS),
-  `DEFAULTS and LIMITS equal the wasm's defaults() and limits() (${JSON.stringify(glue.defaults())})`);
-console.log('node: all passed');
+
+test('AR, SSD and SD give the golden greedy ids', async (t) => {
+  ar = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
+  await check(t, greedyMismatch(ar.tokens, g) === null && ar.tokens.length === n, `AR equals the golden greedy ids (${greedyMismatch(ar.tokens, g)})`);
+  await check(t, ar.promptTokens === g.prompt_ids.length, 'prompt tokens match the reference tokenization');
+  const ssd = await engine.generate(g.prompt, { mode: 'ssd', maxTokens: n });
+  await check(t, JSON.stringify(ssd.tokens) === JSON.stringify(ar.tokens) && ssd.text === ar.text, 'SSD equals AR token for token');
+  // The draft computes at fast precision, so even drafting for itself a few proposals differ.
+  await check(t, ssd.stats.mode === 'ssd' && ssd.stats.acceptanceRate > 0.5, `SSD stats: a self-draft is mostly accepted (${ssd.stats.acceptanceRate})`);
+  // Each round commits its accepted tokens and one of the target's (the last round may be cut at
+  // maxTokens); the first token comes from the prefill. Verifies follow one another in time.
+  const tl = ssd.stats.timeline;
+  const committed = tl.reduce((sum, r) => sum + r.accepted + 1, 0);
+  const lastCommit = tl[tl.length - 1].accepted + 1;
+  await check(t, tl.every((r) => r.accepted <= r.proposed) && committed >= n - 1 && committed - lastCommit < n - 1,
+    `SSD timeline: its rounds commit the ${n - 1} tokens after the prefill's (${committed}, the last ${lastCommit})`);
+  await check(t, tl.every((r, i) => r.verify[0] <= r.verify[1] && (i === 0 || tl[i - 1].verify[1] <= r.verify[0])) && tl[tl.length - 1].verify[1] <= ssd.stats.decodeMs + 1,
+    'SSD timeline: the verifies follow one another within the decode time');
+  console.log(`metrics: node wasm CPU (${engine.info.threads} threads): AR ${ar.stats.tokensPerS.toFixed(1)} tok/s, SSD ${ssd.stats.tokensPerS.toFixed(1)} tok/s (draft inline)`);
+  const sd = await engine.generate(g.prompt, { mode: 'sd', maxTokens: n });
+  await check(t, JSON.stringify(sd.tokens) === JSON.stringify(ar.tokens), 'SD equals AR token for token');
+  console.log(`metrics: node wasm CPU (${engine.info.threads} threads): SD ${sd.stats.tokensPerS.toFixed(1)} tok/s`);
+});
+
+test("sampled AR, SD and SSD give the native engine's tokens for their seed", async (t) => {
+  const model = join(models, 'smollm2-135m-instruct-q4_1.gguf');
+  for (const mode of ['ar', 'sd', 'ssd']) {
+    const opts = { mode, maxTokens: n, temperature: 0.8, seed: 7 };
+    const got = (await engine.generate(g.prompt, opts)).tokens;
+    const native = generate(g.prompt, { target: model, draft: model, ...opts }).tokens;
+    await check(t, got.length === n && JSON.stringify(got) === JSON.stringify(native),
+      `sampled ${mode.toUpperCase()}: ${JSON.stringify(got)}, native ${JSON.stringify(native)}`);
+  }
+});
+
+test("the engine's measured mode choice", async (t) => {
+  // The engine measured the modes at load and chose (refining the choice with the acceptance each
+  // speculative generation sees); the package leaves the choice to it.
+  const chosen = await engine.generate(g.prompt, { maxTokens: n });
+  await check(t, chosen.stats.auto && chosen.stats.mode === chosen.stats.auto.mode && ['ar', 'sd', 'ssd'].includes(engine.info.defaultMode),
+    `without a mode, the generation runs in the engine's measured choice (${chosen.stats.auto?.mode}, stats ${chosen.stats.mode})`);
+  // The choice is refined after each speculative generation, and `info` follows it: a prompt the
+  // draft always gets right (it drafts for itself) pulls the acceptance up.
+  const before = engine.info.defaultMode;
+  const refined = [];
+  for (let i = 0; i < 3; i++) {
+    await engine.generate(g.prompt, { mode: 'sd', maxTokens: n });
+    const want = engine.info.defaultMode;
+    refined.push(want);
+    const next = await engine.generate(g.prompt, { maxTokens: 4 });
+    await check(t, next.stats.mode === want, `info.defaultMode is the mode the next generation without one runs in (${want}, ran ${next.stats.mode})`);
+  }
+  console.log(`metrics: default mode ${before} at load, then ${refined.join(', ')}`);
+});
+
+test('stream()', async (t) => {
+  let streamed = '';
+  const s = engine.stream(g.prompt, { mode: 'ssd', maxTokens: n });
+  for await (const piece of s) streamed += piece;
+  await check(t, streamed === ar.text, 'stream() pieces concatenate to the text');
+
+  // Leaving a stream early aborts its generation: it does not run on to maxTokens, and the engine
+  // is free at once for the next call.
+  const long = engine.stream(g.prompt, { mode: 'ssd', maxTokens: 400 });
+  for await (const piece of long) if (piece) break;
+  let left = null;
+  try {
+    await long.result;
+  } catch (e) {
+    left = e;
+  }
+  await check(t, left?.code === 'aborted' && left.partial?.finish === 'cancelled' && left.partial.tokens.length < 50,
+    `break out of stream() aborts the generation (${left?.code}, ${left?.partial?.tokens.length} tokens)`);
+  const t0 = performance.now();
+  const next = await engine.generate(g.prompt, { mode: 'ar', maxTokens: 4 });
+  await check(t, next.tokens.length === 4, `the next generation runs at once (${(performance.now() - t0).toFixed(0)} ms)`);
+
+  // A stream whose generation fails throws from the loop, and its result rejects.
+  const failing = engine.stream(g.prompt, { temperature: -1 });
+  let thrown = null;
+  try {
+    for await (const piece of failing) streamed += piece;
+  } catch (e) {
+    thrown = e.code;
+  }
+  let rejected = null;
+  await failing.result.catch((e) => (rejected = e.code));
+  await check(t, thrown === 'invalid_argument' && rejected === 'invalid_argument', `a failed stream throws and its result rejects (${thrown}, ${rejected})`);
+});
+
+test('abort', async (t) => {
+  // Abort after the first round; the next generation is exactly a fresh one.
+  const ctrl = new AbortController();
+  let code = null;
+  try {
+    await engine.generate(g.prompt, { mode: 'ssd', maxTokens: 200, signal: ctrl.signal, onToken: () => ctrl.abort() });
+  } catch (e) {
+    code = e.code;
+  }
+  await check(t, code === 'aborted', `abort rejects with code aborted (${code})`);
+  const again = await engine.generate(g.prompt, { mode: 'ssd', maxTokens: n });
+  await check(t, JSON.stringify(again.tokens) === JSON.stringify(ar.tokens), 'after an abort the engine gives what a fresh one gives');
+});
+
+test('chat.completions.create', async (t) => {
+  const chat = await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hi.' }], max_tokens: 48 });
+  const reply = chat.choices[0];
+  await check(t, chat.object === 'chat.completion' && reply.finish_reason === 'stop' && reply.message.content.length > 0,
+    `chat.completions.create: the reply ends at the stop token (${reply.finish_reason}: ${JSON.stringify(reply.message.content)})`);
+  await check(t, !reply.message.content.includes('<|im_end|>'), 'chat content leaves the stop token out');
+  let chunks = '';
+  let finishReason = null;
+  for await (const c of await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Say hi.' }], max_tokens: 48, stream: true })) {
+    chunks += c.choices[0].delta.content ?? '';
+    finishReason = c.choices[0].finish_reason ?? finishReason;
+  }
+  await check(t, chunks === reply.message.content && finishReason === 'stop', 'streamed chat chunks equal the non-streamed reply, and it ends with stop');
+});
+
+test('errors', async (t) => {
+  const rejects = async (p, want, what) => {
+    let got = null;
+    try {
+      await p;
+    } catch (e) {
+      got = e.code;
+    }
+    await check(t, got === want, `${what}: code ${want} (${got})`);
+  };
+  await rejects(engine.generate(g.prompt, { temperature: -1 }), 'invalid_argument', 'negative temperature');
+  await rejects(engine.generate(g.prompt, { topP: 0 }), 'invalid_argument', 'top_p 0');
+  await rejects(engine.generate(g.prompt, { mode: 'fast' }), 'invalid_argument', 'unknown mode');
+  await rejects(engine.generate(g.prompt, { maxTokens: 0 }), 'invalid_argument', 'maxTokens 0');
+  await rejects(Saguaro.load({ target: bytes.subarray(0, 4096) }), 'bad_model', 'truncated model');
+  await rejects(Saguaro.load({ target: new Uint8Array(1000) }), 'bad_model', 'not a GGUF file');
+  await rejects(Saguaro.load({ target: bytes }, { backend: 'gpu' }), 'no_webgpu', 'GPU in Node');
+  await rejects(Saguaro.load({ target: bytes }, { specKay: 3 }), 'invalid_argument', 'an unknown load option');
+  await rejects(Saguaro.load({ target: bytes }, { modes: ['ar', 'fast'] }), 'invalid_argument', 'an unknown mode name, checked by the engine');
+  for (const threads of [0, 65, 1.5, 'two']) await rejects(Saguaro.load({ target: bytes }, { threads }), 'invalid_argument', `threads ${JSON.stringify(threads)}`);
+  for (const kvCache of ['f8', 16]) await rejects(Saguaro.load({ target: bytes }, { kvCache }), 'invalid_argument', `kvCache ${JSON.stringify(kvCache)}`);
+  await rejects(Saguaro.load({ target: bytes }, { shaderF16: 'yes' }), 'invalid_argument', 'shaderF16 not a boolean');
+  await rejects(engine.generate(g.prompt, { maxToken: 3 }), 'invalid_argument', 'an unknown generate option');
+  const after = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
+  await check(t, JSON.stringify(after.tokens) === JSON.stringify(ar.tokens), 'the engine still works after errors');
+  await engine.dispose();
+  await rejects(engine.generate(g.prompt), 'invalid_argument', 'generate after dispose');
+});
+
+test('an option only the engine lists', async (t) => {
+  // An option only the engine lists reaches it: prompt lookup drafts SD from the prompt itself.
+  const lookup = await Saguaro.load({ target: bytes }, { promptLookup: true });
+  const looked = await lookup.generate(g.prompt, { mode: 'sd', maxTokens: n });
+  await check(t, JSON.stringify(looked.tokens) === JSON.stringify(ar.tokens) && looked.stats.mode === 'sd', 'promptLookup: SD by prompt lookup equals AR');
+  await lookup.dispose();
+});
+
+test('a gzip-encoded download', async (t) => {
+  // A server that compresses the model: Content-Length is then the gzip size, not the file's.
+  const gz = gzipSync(bytes, { level: 1 });
+  const server = createServer((req, res) => {
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-encoding': 'gzip', 'content-length': gz.length });
+    res.end(gz);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  try {
+    const served = await Saguaro.load({ target: `http://127.0.0.1:${server.address().port}/model.gguf` });
+    const fromGzip = await served.generate(g.prompt, { mode: 'ar', maxTokens: n });
+    await check(t, JSON.stringify(fromGzip.tokens) === JSON.stringify(ar.tokens), `a gzip-encoded download (${gz.length} of ${bytes.length} bytes) loads the same model`);
+    await served.dispose();
+  } finally {
+    server.close();
+  }
+});
+
+test('DEFAULTS and LIMITS', async (t) => {
+  // The package's DEFAULTS and LIMITS (a generated module the main thread reads) are what its wasm
+  // says: both come from src/contract.
+  const pkg = import.meta.resolve('saguaro-web');
+  const glue = await import(new URL('./saguaro.js', pkg).href);
+  glue.initSync({ module: await readFile(new URL('./saguaro_bg.wasm', pkg)) });
+  await check(t, JSON.stringify(glue.defaults()) === JSON.stringify(DEFAULTS) && JSON.stringify(glue.limits()) === JSON.stringify(LIMITS),
+    `DEFAULTS and LIMITS equal the wasm's defaults() and limits() (${JSON.stringify(glue.defaults())})`);
+});

@@ -4,9 +4,10 @@
 // pool, the draft in its own worker on a pool of its own, drafting for both) equal AR; an abort
 // still stops a generation; a panic still ends the engine's calls; on a page that is not
 // isolated the engine says why in the console and computes on one thread.
-// Usage: node tests/web/threads.mjs   (after scripts/build-web.sh; needs models/)
+// Usage: node --test tests/web/threads.mjs   (after scripts/build-web.sh; needs models/)
 import { spawn } from 'node:child_process';
 import { createServer, request } from 'node:http';
+import { after, test } from 'node:test';
 import { chromium } from 'playwright-core';
 import { check, golden, greedyMismatch } from './golden.mjs';
 import { dropFirstQ } from './faults.mjs';
@@ -46,6 +47,12 @@ const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
   args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync'],
 });
+after(async () => {
+  await browser.close();
+  demo.kill();
+  isolated.server.close();
+  plain.server.close();
+});
 
 /** In the page: load `models` with `opts`, run `gens` ([name, generate options]); the info and
  * each run's tokens, text and rate. */
@@ -76,47 +83,50 @@ function run(page, models, opts, gens) {
   );
 }
 
-try {
-  const page = await browser.newPage();
-  const notes = [];
-  page.on('console', (m) => {
-    notes.push(m.text());
-    console.log(`[page ${m.type()}] ${m.text()}`);
-  });
-  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
-  await page.goto(`http://127.0.0.1:${isolated.port}/www/`);
-  check(await page.evaluate(() => crossOriginIsolated), 'the page is cross-origin isolated (COOP/COEP)');
+const page = await browser.newPage();
+page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
+page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
+await page.goto(`http://127.0.0.1:${isolated.port}/www/`);
+const ar = (extra = {}) => ['ar', { prompt: g.prompt, mode: 'ar', maxTokens: n, ...extra }];
+let one;
 
-  const ar = (extra = {}) => ['ar', { prompt: g.prompt, mode: 'ar', maxTokens: n, ...extra }];
+test('AR on a pool of 2 threads', async (t) => {
+  await check(t, await page.evaluate(() => crossOriginIsolated), 'the page is cross-origin isolated (COOP/COEP)');
   // 1. AR on the pool (2 threads) against the golden ids, and against the single-thread build.
   const two = await run(page, { target: model }, { backend: 'cpu', threads: 2, modes: ['ar'], cache: false }, [ar()]);
-  const one = await run(page, { target: model }, { backend: 'cpu', threads: 1, modes: ['ar'], cache: false }, [ar()]);
+  one = await run(page, { target: model }, { backend: 'cpu', threads: 1, modes: ['ar'], cache: false }, [ar()]);
   console.log(`metrics: chromium wasm CPU AR: ${one.runs.ar.tps.toFixed(1)} tok/s on 1 thread, ${two.runs.ar.tps.toFixed(1)} on 2`);
-  check(two.info.threads === 2 && /\b2 threads\b/.test(two.info.targetBackend),
+  await check(t, two.info.threads === 2 && /\b2 threads\b/.test(two.info.targetBackend),
     `threads: 2 runs the threads build on a pool of 2 (${two.info.targetBackend}, info.threads ${two.info.threads})`);
-  check(one.info.threads === 1 && /\b1 threads\b/.test(one.info.targetBackend), `threads: 1 runs the single-thread build (${one.info.targetBackend})`);
+  await check(t, one.info.threads === 1 && /\b1 threads\b/.test(one.info.targetBackend), `threads: 1 runs the single-thread build (${one.info.targetBackend})`);
   const miss = greedyMismatch(two.runs.ar.tokens, g);
-  check(miss === null && two.runs.ar.tokens.length === n, `2 threads: AR equals the golden greedy ids (${miss})`);
-  check(JSON.stringify(two.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens) && two.runs.ar.text === one.runs.ar.text,
+  await check(t, miss === null && two.runs.ar.tokens.length === n, `2 threads: AR equals the golden greedy ids (${miss})`);
+  await check(t, JSON.stringify(two.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens) && two.runs.ar.text === one.runs.ar.text,
     '2 threads: the same tokens and text as the single-thread build');
-  check(two.abort.code === 'aborted' && two.abort.seen < 50, `2 threads: an abort stops the generation (${JSON.stringify(two.abort)})`);
+  await check(t, two.abort.code === 'aborted' && two.abort.seen < 50, `2 threads: an abort stops the generation (${JSON.stringify(two.abort)})`);
+});
 
+test('SD and SSD with a pooled target', async (t) => {
   // 2. With a draft: the target on the engine worker's pool, the draft in its own worker on a
   //    pool of its own, drafting for SD and SSD alike; both equal AR.
   const spec = await run(page, { target: model, draft: model }, { backend: 'cpu', threads: 2, cache: false },
     [ar(), ['sd', { prompt: g.prompt, mode: 'sd', maxTokens: n }], ['ssd', { prompt: g.prompt, mode: 'ssd', maxTokens: n }]]);
-  check(spec.info.threads === 2 && spec.info.draftWorker, `with a draft: the engine on 2 threads, the draft in its worker (${JSON.stringify(spec.info)})`);
-  check(JSON.stringify(spec.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens), 'with a draft: AR equals the single-thread build');
-  check(JSON.stringify(spec.runs.sd.tokens) === JSON.stringify(spec.runs.ar.tokens) && spec.runs.sd.mode === 'sd', 'SD with a pooled target, drafting in the draft worker, equals AR');
-  check(JSON.stringify(spec.runs.ssd.tokens) === JSON.stringify(spec.runs.ar.tokens) && spec.runs.ssd.mode === 'ssd', 'SSD with a pooled target equals AR');
+  await check(t, spec.info.threads === 2 && spec.info.draftWorker, `with a draft: the engine on 2 threads, the draft in its worker (${JSON.stringify(spec.info)})`);
+  await check(t, JSON.stringify(spec.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens), 'with a draft: AR equals the single-thread build');
+  await check(t, JSON.stringify(spec.runs.sd.tokens) === JSON.stringify(spec.runs.ar.tokens) && spec.runs.sd.mode === 'sd', 'SD with a pooled target, drafting in the draft worker, equals AR');
+  await check(t, JSON.stringify(spec.runs.ssd.tokens) === JSON.stringify(spec.runs.ar.tokens) && spec.runs.ssd.mode === 'ssd', 'SSD with a pooled target equals AR');
+});
 
+test('the default thread count', async (t) => {
   // 3. The default thread count (hardwareConcurrency, capped) uses the pool where there is more
   //    than one core.
   const cores = await page.evaluate(() => navigator.hardwareConcurrency);
   const auto = await run(page, { target: model }, { backend: 'cpu', modes: ['ar'], cache: false }, [ar()]);
-  check(auto.info.threads === Math.min(cores, 8) && JSON.stringify(auto.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens),
+  await check(t, auto.info.threads === Math.min(cores, 8) && JSON.stringify(auto.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens),
     `by default ${Math.min(cores, 8)} threads (${cores} cores), the same tokens`);
+});
 
+test("a panic on the engine's thread", async (t) => {
   // 4. A panic on the engine's thread (a draft worker that sends a sampled proposal without its
   //    distributions trips verification's assertion) still closes the engine worker, its compute
   //    threads with it: the generation and every later call reject with 'internal'.
@@ -128,7 +138,7 @@ try {
     window.spec = await Saguaro.load({ target: model, draft: model }, { backend: 'cpu', threads: 2, cache: false });
   }, model);
   const liar = page.workers().find((w) => w.url().endsWith('/draft-worker.js') && !before.has(w));
-  check(!!liar, 'the draft worker is found');
+  await check(t, !!liar, 'the draft worker is found');
   await dropFirstQ(liar);
   const panicked = await page.evaluate(async (prompt) => {
     const e = window.spec;
@@ -138,23 +148,19 @@ try {
     await e.dispose();
     return { during, later };
   }, g.prompt);
-  check(panicked.during === 'internal' && panicked.later === 'internal',
+  await check(t, panicked.during === 'internal' && panicked.later === 'internal',
     `2 threads: after a panic in the engine worker, calls reject with internal (${JSON.stringify(panicked)})`);
+});
 
+test('a page that is not cross-origin isolated', async (t) => {
   // 5. Not isolated: one thread, and a console note that says why.
   const p2 = await browser.newPage();
   const plainNotes = [];
   p2.on('console', (m) => plainNotes.push(m.text()));
   await p2.goto(`http://127.0.0.1:${plain.port}/www/`);
-  check(!(await p2.evaluate(() => crossOriginIsolated)), 'a page served without COOP/COEP is not isolated');
+  await check(t, !(await p2.evaluate(() => crossOriginIsolated)), 'a page served without COOP/COEP is not isolated');
   const single = await run(p2, { target: model }, { backend: 'cpu', threads: 2, modes: ['ar'], cache: false }, [ar()]);
-  check(single.info.threads === 1 && JSON.stringify(single.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens),
+  await check(t, single.info.threads === 1 && JSON.stringify(single.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens),
     `not isolated: threads: 2 computes on one thread (${single.info.targetBackend}), the same tokens`);
-  check(plainNotes.some((t) => /not cross-origin isolated/.test(t)), 'not isolated: a console note says why');
-  console.log('threads: all passed');
-} finally {
-  await browser.close();
-  demo.kill();
-  isolated.server.close();
-  plain.server.close();
-}
+  await check(t, plainNotes.some((t) => /not cross-origin isolated/.test(t)), 'not isolated: a console note says why');
+});

@@ -5,15 +5,19 @@
 // arrays; a draft worker that dies mid-generation (SSD or SD) ends it with an error that says so
 // and the text so far, the engine keeps decoding plainly, and a new draft worker takes its place;
 // with SD and SSD prepared the draft is downloaded and held once (the engine worker never reads
-// it), SD through the worker giving the in-process drafter's tokens seed for seed; a panic in the
-// engine worker ends its calls rather than hanging them.
-// Usage: node tests/web/worker.mjs   (after scripts/build-web.sh; needs models/)
+// it), SD through the worker giving the in-process drafter's tokens seed for seed; sampled SSD and
+// SD give the native engine's tokens for their seed; a panic in the engine worker ends its calls
+// rather than hanging them.
+// Usage: node --test tests/web/worker.mjs   (after scripts/build-web.sh and cargo build --release
+// --bin saguaro; needs models/)
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
+import { after, test } from 'node:test';
 import { chromium } from 'playwright-core';
 import { check, golden, greedyMismatch } from './golden.mjs';
 import { dropFirstQ } from './faults.mjs';
+import { generate } from './native.mjs';
 
 const port = 8000 + Math.floor(Math.random() * 1000);
 const server = spawn('node', ['scripts/serve.mjs', '.', String(port)], { stdio: ['ignore', 'pipe', 'inherit'] });
@@ -24,6 +28,10 @@ const timeout = 600_000;
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
   args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync'],
+});
+after(async () => {
+  await browser.close();
+  server.kill();
 });
 
 /** Start a generation of `prompt` in `mode` in the page; resolves once `after` tokens have
@@ -93,22 +101,27 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 /** Mean ms of an SD round's drafting, as the engine saw it (the worker's round trip included). */
 const draftMs = (stats) => stats.timeline.reduce((a, r) => a + (r.draft[1] - r.draft[0]), 0) / stats.timeline.length;
 
-try {
-  const page = await browser.newPage();
-  page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
-  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
-  const q = new URLSearchParams({ pair: 'smollm', prompt: g.prompt, autoload: '1', backend: 'cpu', draftBackend: 'cpu', modes: 'ar,sd,ssd' });
-  await page.goto(`http://127.0.0.1:${port}/www/?${q}`);
-  await page.waitForFunction(() => window.demo?.engine || window.demo?.error, null, { timeout });
-  const info = await page.evaluate(() => window.demo.error ?? window.demo.engine.info);
-  check(info.backend === 'cpu' && info.draftWorker && /^cpu \(/.test(info.draftDevice ?? ''), `CPU target, draft in its own worker on the CPU (${JSON.stringify(info)})`);
-  const draftWorker = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
-  check(!!draftWorker, 'the draft worker is found');
-  await watchReplies(draftWorker);
+const model = 'models/smollm2-135m-instruct-q4_1.gguf';
+const page = await browser.newPage();
+page.on('console', (m) => console.log(`[page ${m.type()}] ${m.text()}`));
+page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
+const q = new URLSearchParams({ pair: 'smollm', prompt: g.prompt, autoload: '1', backend: 'cpu', draftBackend: 'cpu', modes: 'ar,sd,ssd' });
+await page.goto(`http://127.0.0.1:${port}/www/?${q}`);
+await page.waitForFunction(() => window.demo?.engine || window.demo?.error, null, { timeout });
+const prompt = g.prompt;
+let draftWorker, ar;
 
+test('the demo loads the draft into its own worker', async (t) => {
+  const info = await page.evaluate(() => window.demo.error ?? window.demo.engine.info);
+  await check(t, info.backend === 'cpu' && info.draftWorker && /^cpu \(/.test(info.draftDevice ?? ''), `CPU target, draft in its own worker on the CPU (${JSON.stringify(info)})`);
+  draftWorker = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
+  await check(t, !!draftWorker, 'the draft worker is found');
+  await watchReplies(draftWorker);
+});
+
+test('SD drafts through the draft worker', async (t) => {
   // 1. SD drafts through the draft worker (the engine worker holds no draft): greedy SD equals
   //    the golden ids and AR, each round's tokens a reply from the draft worker.
-  const prompt = g.prompt;
   const greedy = await page.evaluate(async (prompt) => {
     const e = window.demo.engine;
     const sd = await e.generate(prompt, { mode: 'sd', maxTokens: 24 });
@@ -117,10 +130,12 @@ try {
   }, prompt);
   const drafted = await wireOf(draftWorker);
   console.log(`metrics: greedy SD through the draft worker ${greedy.tps.toFixed(1)} tok/s, ${greedy.rounds} rounds`);
-  check(greedyMismatch(greedy.sd, g) === null && JSON.stringify(greedy.sd) === JSON.stringify(greedy.ar),
+  await check(t, greedyMismatch(greedy.sd, g) === null && JSON.stringify(greedy.sd) === JSON.stringify(greedy.ar),
     `greedy SD through the draft worker equals AR and the golden ids (${greedyMismatch(greedy.sd, g)})`);
-  check(drafted.drafted === greedy.rounds && drafted.proposals === 0, `each SD round's draft came from the draft worker (${JSON.stringify(drafted)})`);
+  await check(t, drafted.drafted === greedy.rounds && drafted.proposals === 0, `each SD round's draft came from the draft worker (${JSON.stringify(drafted)})`);
+});
 
+test('an abort settles within a round', async (t) => {
   // 2. Abort mid-SSD and mid-SD: the promise settles within about one round.
   await start(page, prompt, 8);
   const abort = await abortRun(page);
@@ -128,16 +143,18 @@ try {
   const round = (s?.verifyMsMean ?? 0) + (s?.glueMsMean ?? 0) + (s?.treeStepMsMean ?? 0);
   console.log(`metrics: SSD abort settled in ${abort.settleMs.toFixed(0)} ms (verify ${s?.verifyMsMean?.toFixed(1)} ms, ` +
     `glue ${s?.glueMsMean?.toFixed(1)} ms, tree step ${s?.treeStepMsMean?.toFixed(1)} ms)`);
-  check(abort.code === 'aborted', `abort rejects with aborted (${abort.code})`);
+  await check(t, abort.code === 'aborted', `abort rejects with aborted (${abort.code})`);
   // One round at most: what remains of a tree step, the next proposal and one verify.
-  check(abort.settleMs < 2 * round + 100, `the abort settles within a round (${abort.settleMs.toFixed(0)} ms, a round ~${round.toFixed(0)} ms)`);
+  await check(t, abort.settleMs < 2 * round + 100, `the abort settles within a round (${abort.settleMs.toFixed(0)} ms, a round ~${round.toFixed(0)} ms)`);
   await start(page, prompt, 8, 'sd');
   const sdAbort = await abortRun(page);
   const sdRound = (sdAbort.stats?.verifyMsMean ?? 0) + (sdAbort.stats ? draftMs(sdAbort.stats) : 0);
   console.log(`metrics: SD abort settled in ${sdAbort.settleMs.toFixed(0)} ms (a round ~${sdRound.toFixed(0)} ms)`);
-  check(sdAbort.code === 'aborted' && sdAbort.settleMs < 2 * sdRound + 100,
+  await check(t, sdAbort.code === 'aborted' && sdAbort.settleMs < 2 * sdRound + 100,
     `an SD abort settles within a round (${sdAbort.code}, ${sdAbort.settleMs.toFixed(0)} ms, a round ~${sdRound.toFixed(0)} ms)`);
+});
 
+test('sampled SSD and SD', async (t) => {
   // 3. Sampled SSD and SD: each proposal's distributions cross from the draft worker as
   //    transferred Float32Arrays; the same seed gives the same tokens.
   await reset(draftWorker);
@@ -155,17 +172,21 @@ try {
   for (const mode of ['ssd', 'sd']) {
     const r = sampled[mode];
     console.log(`metrics: sampled ${mode.toUpperCase()} ${r.tps.toFixed(1)} tok/s, acceptance ${r.acceptance.toFixed(2)}`);
-    check(r.a.length === 24 && JSON.stringify(r.a) === JSON.stringify(r.b), `sampled ${mode.toUpperCase()} with a seed repeats itself`);
+    await check(t, r.a.length === 24 && JSON.stringify(r.a) === JSON.stringify(r.b), `sampled ${mode.toUpperCase()} with a seed repeats itself`);
+    const native = generate(prompt, { target: model, draft: model, mode, maxTokens: 24, temperature: 0.8, seed: 7 }).tokens;
+    await check(t, JSON.stringify(r.a) === JSON.stringify(native),
+      `sampled ${mode.toUpperCase()} gives the native engine's tokens for its seed (${JSON.stringify(r.a)}, native ${JSON.stringify(native)})`);
   }
   console.log(`metrics: ${wire.rows} q rows sent`);
-  check(wire.drafted > 0 && wire.proposals > 0 && wire.rows > 0 && wire.plain === 0 && wire.transferred === wire.rows,
+  await check(t, wire.drafted > 0 && wire.proposals > 0 && wire.rows > 0 && wire.plain === 0 && wire.transferred === wire.rows,
     `sampled SD and SSD proposals send q as transferred Float32Arrays (${JSON.stringify(wire)})`);
+});
 
+test('a dead draft worker', async (t) => {
   // 4. The draft worker dies mid-SSD, then (its replacement) mid-SD: each generation ends with an
   //    error and its text so far; the engine decodes plainly meanwhile, and a new draft worker
   //    replaces each (the model comes from the Cache API): SSD and SD fail at once until it is
   //    ready, then give the AR tokens again.
-  let ar = null;
   for (const mode of ['ssd', 'sd']) {
     const victim = page.workers().find((w) => w.url().endsWith('/draft-worker.js'));
     await start(page, prompt, 8, mode);
@@ -174,11 +195,11 @@ try {
     await page.waitForFunction(() => window.run.outcome, null, { timeout: 120_000 });
     const dead = await page.evaluate(() => ({ ...window.run.outcome, streamed: window.run.text }));
     console.log(`metrics: a dead draft worker ended the ${mode.toUpperCase()} generation in ${(dead.at - killedAt).toFixed(0)} ms`);
-    check(dead.code === 'internal' && dead.message.includes('draft worker stopped'),
+    await check(t, dead.code === 'internal' && dead.message.includes('draft worker stopped'),
       `${mode.toUpperCase()}: a dead draft worker fails the generation, saying so (${dead.code}: ${dead.message})`);
-    check(dead.partial?.generated >= 8 && dead.partial.text === dead.streamed, `${mode.toUpperCase()}: error.partial holds what was streamed (${dead.partial?.generated} tokens)`);
+    await check(t, dead.partial?.generated >= 8 && dead.partial.text === dead.streamed, `${mode.toUpperCase()}: error.partial holds what was streamed (${dead.partial?.generated} tokens)`);
     ar = await page.evaluate((prompt) => window.demo.engine.generate(prompt, { mode: 'ar', maxTokens: 8 }).then((r) => r.tokens, (e) => e.code), prompt);
-    check(ar.length === 8, `the engine still decodes plainly (${ar})`);
+    await check(t, ar.length === 8, `the engine still decodes plainly (${ar})`);
     const restart = await page.evaluate(async (prompt) => {
       const t0 = performance.now();
       const failures = new Set();
@@ -194,14 +215,16 @@ try {
       return { ...out, ms: performance.now() - t0, failures: [...failures] };
     }, prompt);
     console.log(`metrics: SSD and SD ran again ${restart.ms.toFixed(0)} ms after the draft worker died`);
-    check(JSON.stringify(restart.ssd) === JSON.stringify(ar) && JSON.stringify(restart.sd) === JSON.stringify(ar) && restart.failures.every((c) => c === 'internal'),
+    await check(t, JSON.stringify(restart.ssd) === JSON.stringify(ar) && JSON.stringify(restart.sd) === JSON.stringify(ar) && restart.failures.every((c) => c === 'internal'),
       `a new draft worker takes over: SSD and SD equal AR again (${JSON.stringify(restart)})`);
     // The closed worker goes once its compute threads (on an isolated page) have ended too.
     const drafts = () => page.workers().filter((w) => w.url().endsWith('/draft-worker.js')).length;
     for (let i = 0; i < 50 && drafts() > 1; i++) await new Promise((r) => setTimeout(r, 200));
-    check(drafts() === 1, 'one draft worker runs, not two');
+    await check(t, drafts() === 1, 'one draft worker runs, not two');
   }
+});
 
+test('one copy of the draft', async (t) => {
   // 5. One copy of the draft: with SD and SSD prepared (the default modes), the draft is read by
   //    its worker alone. Target and draft (SmolLM2 drafting for itself) come from two URLs of a
   //    server that counts the requests for each, with the Cache API off, so that every read is a
@@ -209,12 +232,12 @@ try {
   //    draft worker gives that in-process drafter's tokens, greedy and sampled seed for seed, and
   //    the difference in pace is what a round's trip to the draft worker costs.
   const requests = {};
-  const model = readFileSync('models/smollm2-135m-instruct-q4_1.gguf');
+  const bytes = readFileSync(model);
   const counting = createServer((req, res) => {
     requests[req.url] = (requests[req.url] ?? 0) + 1;
     // no-store: the browser's HTTP cache must not stand in for the package's Cache API.
-    res.writeHead(200, { 'content-length': model.length, 'access-control-allow-origin': '*', 'cache-control': 'no-store' });
-    res.end(model);
+    res.writeHead(200, { 'content-length': bytes.length, 'access-control-allow-origin': '*', 'cache-control': 'no-store' });
+    res.end(bytes);
   });
   await new Promise((resolve) => counting.listen(0, '127.0.0.1', resolve));
   const base = `http://127.0.0.1:${counting.address().port}`;
@@ -228,8 +251,8 @@ try {
     window.viaWorker = await Saguaro.load(models, { backend: 'cpu', cache: false });
     return window.viaWorker.info;
   }, models);
-  check(loaded.draftWorker && loaded.hasDraft, `SD and SSD prepared, the draft in its worker (${JSON.stringify(loaded)})`);
-  check(requests['/target.gguf'] === 1 && requests['/draft.gguf'] === 1,
+  await check(t, loaded.draftWorker && loaded.hasDraft, `SD and SSD prepared, the draft in its worker (${JSON.stringify(loaded)})`);
+  await check(t, requests['/target.gguf'] === 1 && requests['/draft.gguf'] === 1,
     `the draft is downloaded once, by the draft worker alone (${JSON.stringify(requests)})`);
   const one = await p2.evaluate(async ([models, prompt]) => {
     const { Saguaro } = await import('/pkg/index.js');
@@ -254,14 +277,17 @@ try {
     await w.dispose();
     return out;
   }, [models, prompt]);
-  check(requests['/draft.gguf'] === 2 && one.localInfo.draftWorker === false, `an engine with SD alone reads the draft itself (${JSON.stringify(requests)})`);
+  await check(t, requests['/draft.gguf'] === 2 && one.localInfo.draftWorker === false, `an engine with SD alone reads the draft itself (${JSON.stringify(requests)})`);
   const auto = one.chosen.stats.auto;
-  check(auto?.costs?.draftStepMs > 0 && auto.costs.decodeMs > 0,
+  await check(t, auto?.costs?.draftStepMs > 0 && auto.costs.decodeMs > 0,
     `the engine chose its mode from the draft's step timed in the draft worker (${auto?.mode} k=${auto?.k}, draft step ${auto?.costs?.draftStepMs?.toFixed(1)} ms)`);
-  check(JSON.stringify(one.worker.greedy) === JSON.stringify(one.ar) && JSON.stringify(one.local.greedy) === JSON.stringify(one.ar),
+  await check(t, JSON.stringify(one.worker.greedy) === JSON.stringify(one.ar) && JSON.stringify(one.local.greedy) === JSON.stringify(one.ar),
     'greedy SD through the draft worker and with the draft in the engine worker both equal AR');
-  check(JSON.stringify(one.worker.sampled) === JSON.stringify(one.local.sampled),
+  await check(t, JSON.stringify(one.worker.sampled) === JSON.stringify(one.local.sampled),
     `sampled SD through the draft worker gives the in-process drafter's tokens, seed for seed (${one.worker.sampled} / ${one.local.sampled})`);
+  const native = generate(prompt, { target: model, draft: model, mode: 'sd', maxTokens: 24, temperature: 0.8, seed: 11 }).tokens;
+  await check(t, JSON.stringify(one.worker.sampled) === JSON.stringify(native),
+    `sampled SD through the draft worker gives the native engine's tokens for its seed (${one.worker.sampled} / ${native})`);
   const pace = (name) => ({
     tps: median(one.pace[name].map((p) => p.tps)),
     draft: median(one.pace[name].map((p) => draftMs(p))),
@@ -274,7 +300,7 @@ try {
   console.log(`metrics: SmolLM2 SD (K=4), medians of 3: through the draft worker ${viaWorker.tps.toFixed(1)} tok/s, drafting ${viaWorker.draft.toFixed(1)} ms/round ` +
     `(of which ${trip.toFixed(2)} ms the trip to the worker), verify ${viaWorker.verify.toFixed(1)} ms; ` +
     `draft in the engine worker ${local.tps.toFixed(1)} tok/s, drafting ${local.draft.toFixed(1)} ms/round, verify ${local.verify.toFixed(1)} ms`);
-  check(trip >= 0 && trip < 50, `a round's trip to the draft worker is short (${trip.toFixed(2)} ms)`);
+  await check(t, trip >= 0 && trip < 50, `a round's trip to the draft worker is short (${trip.toFixed(2)} ms)`);
   await fresh.close();
 
   // The demo's pair drafts with the target's own file: with the Cache API it is downloaded once,
@@ -291,12 +317,14 @@ try {
     await e.dispose();
     return { info, sd: sd.tokens, ssd: ssd.tokens };
   }, [`${base}/model.gguf`, prompt]);
-  check(same.info.draftWorker && JSON.stringify(same.sd) === JSON.stringify(ar) && JSON.stringify(same.ssd) === JSON.stringify(ar),
+  await check(t, same.info.draftWorker && JSON.stringify(same.sd) === JSON.stringify(ar) && JSON.stringify(same.ssd) === JSON.stringify(ar),
     'one file as target and draft: SD and SSD (both drafting in the draft worker) equal AR');
-  check(requests['/model.gguf'] === 1, `one file as target and draft is downloaded once (${JSON.stringify(requests)})`);
+  await check(t, requests['/model.gguf'] === 1, `one file as target and draft is downloaded once (${JSON.stringify(requests)})`);
   await p3.context().close();
   counting.close();
+});
 
+test('a panic in the engine worker', async (t) => {
   // 6. A panic in the engine worker (here: a draft worker that sends a sampled proposal without
   //    its distributions trips verification's assertion) closes that worker: the generation and
   //    every later call reject with 'internal' instead of hanging or answering "busy".
@@ -309,10 +337,6 @@ try {
     const later = await code(e.generate(prompt, { mode: 'ar', maxTokens: 4 }));
     return { during, later };
   }, prompt);
-  check(panicked.during === 'internal' && panicked.later === 'internal',
+  await check(t, panicked.during === 'internal' && panicked.later === 'internal',
     `after a panic in the engine worker, calls reject with internal (${JSON.stringify(panicked)})`);
-  console.log('worker: all passed');
-} finally {
-  await browser.close();
-  server.kill();
-}
+});
