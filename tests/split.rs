@@ -175,7 +175,7 @@ fn short_and_out_of_order_streams_name_the_part() {
     let mut s = GgufStream::with_parts(CpuBackend::new(1).unwrap(), named);
     s.push_to(0, &bytes[0][..HEAD]).unwrap();
     let e = s.push_to(1, &bytes[1][..HEAD]).unwrap_err().to_string();
-    assert!(e.starts_with("invalid model file: part 2:") && e.contains("extend past the end of the file"), "{e}");
+    assert!(e.starts_with("invalid model file: part 2: GGUF tensor") && e.contains("extend past the end of the file"), "{e}");
 
     // Part 3's rest before part 1's, the lengths announced.
     bytes[1] = std::fs::read(&parts[1]).unwrap();

@@ -347,13 +347,9 @@ pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
 /// Load a GGUF model from its files' bytes, each with its name (for errors): one file, or the
 /// parts of a split model in order ([`split`]).
 pub fn from_gguf_parts(files: Vec<(String, Storage)>) -> Result<ModelFile> {
-    let named = |name: &str, e: Error| match files.len() {
-        1 => e,
-        _ => Error::invalid_model(format!("{name}: {e}")),
-    };
     let headers = files
         .iter()
-        .map(|(name, s)| Gguf::parse((**s).as_ref()).map(|g| (name.clone(), g)).map_err(|e| named(name, e)))
+        .map(|(name, s)| Gguf::parse((**s).as_ref()).map(|g| (name.clone(), g)).map_err(|e| split::in_file(name, files.len(), e)))
         .collect::<Result<Vec<_>>>()?;
     let (g, part_of) = split::merge(headers)?;
     let parts = gguf_parts(&g, |i, ti, (rows, cols)| {

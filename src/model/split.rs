@@ -111,6 +111,15 @@ pub fn merge(parts: Vec<(String, Gguf)>) -> Result<(Gguf, Vec<usize>)> {
     Ok((model, part_of))
 }
 
+/// `e`, about the file `name` of a model of `files` files: named when there are several.
+pub(crate) fn in_file(name: &str, files: usize, e: Error) -> Error {
+    match (files, e) {
+        (1, e) => e,
+        (_, Error::InvalidModel(m)) => Error::InvalidModel(format!("{name}: {m}")),
+        (_, e) => Error::invalid_model(format!("{name}: {e}")),
+    }
+}
+
 /// A tensor named twice (a part given twice, or parts of two models mixed) is refused.
 fn check_unique(tensors: &[TensorInfo]) -> Result<()> {
     let mut seen = std::collections::HashSet::with_capacity(tensors.len());

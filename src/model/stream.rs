@@ -197,7 +197,7 @@ impl<B: Backend> GgufStream<B> {
             return Ok(());
         }
         p.tried = p.held.len();
-        p.header = Gguf::parse_prefix(&p.held, p.len.unwrap_or(1 << PART_SHIFT)).map_err(|e| named(&p.name, n, e))?;
+        p.header = Gguf::parse_prefix(&p.held, p.len.unwrap_or(1 << PART_SHIFT)).map_err(|e| split::in_file(&p.name, n, e))?;
         self.plan_when_ready()
     }
 
@@ -224,7 +224,7 @@ impl<B: Backend> GgufStream<B> {
         if matches!(self.state, State::Headers) {
             let n = self.parts.len();
             for p in self.parts.iter_mut().filter(|p| p.header.is_none() && p.len.is_none()) {
-                p.header = Some(Gguf::parse(&p.held).map_err(|e| named(&p.name, n, e))?);
+                p.header = Some(Gguf::parse(&p.held).map_err(|e| split::in_file(&p.name, n, e))?);
             }
             self.plan_when_ready()?;
         }
@@ -254,14 +254,6 @@ impl<B: Backend> GgufStream<B> {
         let (weights, tokenizer, chat_template) = parts.with_rope(|r| Ok(r.resolve(&kept[&r.index])))?;
         let weights: ModelWeights<B::Weight> = weights.try_map(|r| Ok(loaded[r].clone()))?;
         Ok(StreamedModel { model: Transformer::from_loaded(self.backend, weights), tokenizer, chat_template })
-    }
-}
-
-/// `e`, naming the file it is about when there are several.
-fn named(name: &str, files: usize, e: Error) -> Error {
-    match files {
-        1 => e,
-        _ => Error::invalid_model(format!("{name}: {e}")),
     }
 }
 
