@@ -55,3 +55,4 @@ node tests/web/remote.browser.mjs
 
 echo "== demo end to end in Chromium"
 node tests/web/e2e.mjs
+echo "== model stores, hf: names and split models in Chromium"; node --test tests/web/storage.mjs
