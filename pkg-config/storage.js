@@ -216,7 +216,13 @@ const cacheApi = {
     put.catch(() => {});
     return {
       async write(chunk) {
-        controller.enqueue(chunk);
+        try {
+          controller.enqueue(chunk);
+        } catch {
+          // The cache stopped reading: `put` says why (a full store).
+          await put;
+          throw new Error('the Cache API stopped reading the file');
+        }
       },
       async commit() {
         controller.close();

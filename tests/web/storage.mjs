@@ -1,8 +1,9 @@
 // Where the package keeps models, in Debian's Chromium driven by playwright-core: every store
 // (OPFS, the Cache API, none) keeps SmolLM2 as it downloads and gives it back with the same
 // tokens; Saguaro.cache lists and removes what is kept; a file changed at its source is fetched
-// again; a store without room (before the download, or midway: a small quota set through the
-// DevTools protocol) is left out with a warning and no half file, the load going on; `hf:` names
+// again; a store without room (before the download, or midway: the engine worker's
+// navigator.storage.estimate() and store writes stubbed to a small quota) is left out with a
+// warning and no half file, the load going on; a file of no announced size is kept; `hf:` names
 // resolve against a local stand-in for the hub (tests/web/hub.mjs); a model cut into three files
 // gives the whole file's tokens on the CPU and streamed onto WebGPU, and a missing part is
 // refused by name.
@@ -21,7 +22,7 @@ const N = 8;
 const whole = readFileSync(`models/${MODEL}.gguf`);
 const MB = 1e6;
 
-let server, browser, page, hub, origin, cdp;
+let server, browser, page, hub, origin;
 /** Warnings the page and its workers printed. */
 const warnings = [];
 
@@ -49,7 +50,6 @@ before(async () => {
   page.on('console', note);
   await page.goto(`${origin}/www/`);
   await page.evaluate(async () => (window.pkg = await import('/pkg/index.js')));
-  cdp = await context.newCDPSession(page);
 });
 
 after(async () => {
@@ -165,8 +165,11 @@ test('a stored file whose ETag no longer matches its source is fetched again', a
       await w.close();
     }
   });
+  const heads = () => hub.requests[`HEAD ${smolCdn}`] ?? 0;
+  const asked = heads();
   const unchanged = await run(hf(), { cache: 'opfs', hub: hub.url });
   assert.deepEqual(unchanged.fromCache, { 1: true }, 'the same ETag: read from the store');
+  assert.equal(heads(), asked + 1, 'the source was asked for its ETag');
   hub.put('test/smol', 'main', `${MODEL}.gguf`, whole);
   const before = gets(smolCdn);
   const changed = await run(hf(), { cache: 'opfs', hub: hub.url });
@@ -176,39 +179,87 @@ test('a stored file whose ETag no longer matches its source is fetched again', a
   assert.equal((await list()).length, 1, 'stored again, once');
 });
 
-/** Run `f` with this origin's quota at `bytes`. */
-async function withQuota(bytes, f) {
-  await cdp.send('Storage.overrideQuotaForOrigin', { origin, quotaSize: bytes });
+/** Run `f` with the engine worker's storage stubbed as `stub` says: `quota`, what
+ * navigator.storage.estimate() reports (nothing in use); `room`, the bytes the stores take before
+ * their writes fail as a full store's do (QuotaExceededError). The worker is wrapped in a module
+ * that installs the stubs, then imports the real engine-worker.js. */
+async function withStubs(stub, f) {
+  await page.evaluate((stub) => {
+    const setup = (stub) => {
+      const full = () => new DOMException('the test store is full', 'QuotaExceededError');
+      if (stub.quota) StorageManager.prototype.estimate = async () => ({ quota: stub.quota, usage: 0 });
+      if (stub.room) {
+        let taken = 0;
+        const write = FileSystemSyncAccessHandle.prototype.write;
+        FileSystemSyncAccessHandle.prototype.write = function (buffer, opts) {
+          taken += buffer.byteLength;
+          if (taken > stub.room) throw full();
+          return write.call(this, buffer, opts);
+        };
+        const put = Cache.prototype.put;
+        Cache.prototype.put = async function (request, response) {
+          let over = false;
+          const counted = new TransformStream({
+            transform(chunk, c) {
+              taken += chunk.byteLength;
+              if (taken > stub.room) c.error((over = full()));
+              else c.enqueue(chunk);
+            },
+          });
+          try {
+            return await put.call(this, request, new Response(response.body.pipeThrough(counted), { headers: response.headers }));
+          } catch (e) {
+            throw over || e;
+          }
+        };
+      }
+    };
+    const module = (code) => URL.createObjectURL(new Blob([code], { type: 'text/javascript' }));
+    const Real = (window.RealWorker ??= window.Worker);
+    window.Worker = class extends Real {
+      constructor(url, opts) {
+        if (!String(url).endsWith('/engine-worker.js')) return super(url, opts);
+        const stubs = module(`(${setup})(${JSON.stringify(stub)});`);
+        super(module(`import ${JSON.stringify(stubs)}; import ${JSON.stringify(String(url))};`), opts);
+      }
+    };
+  }, stub);
   try {
     return await f();
   } finally {
-    await cdp.send('Storage.overrideQuotaForOrigin', { origin });
+    await page.evaluate(() => (window.Worker = window.RealWorker));
   }
 }
 
 test('a store without room for the file is left out before the download, with a warning', async () => {
   await clear();
   warnings.length = 0;
-  await withQuota(20 * MB, async () => expectGolden(await run(hf(), { cache: 'opfs', hub: hub.url }), 'loaded without caching'));
+  const r = await withStubs({ quota: 20 * MB }, () => run(hf(), { cache: 'opfs', hub: hub.url }));
+  expectGolden(r, 'loaded without caching');
   assert.deepEqual(await list(), []);
   const w = warnings.find((m) => m.includes('is not cached'));
-  assert.ok(w && w.includes('98.4 MB') && /has [\d.]+ MB free/.test(w), `the warning gives the sizes: ${w}`);
+  assert.ok(w && w.includes('98.4 MB') && w.includes('has 20.0 MB free'), `the warning gives the sizes: ${w}`);
 });
 
 for (const store of ['opfs', 'cache-api']) {
   test(`${store}: a store that runs out of room midway is rolled back, the load goes on`, async () => {
     await clear();
     warnings.length = 0;
-    // Served without a Content-Length: nothing tells the size before the store fills.
-    const r = await withQuota(30 * MB, () => run(hf(`${MODEL}.gguf`, 'test/unsized'), { cache: store, hub: hub.url }));
+    const r = await withStubs({ room: 30 * MB }, () => run(hf(), { cache: store, hub: hub.url }));
     expectGolden(r, 'loaded without caching');
     assert.deepEqual(await list(), [], 'no entry');
     assert.deepEqual(await opfsFiles(), [], 'no half file');
     const w = warnings.find((m) => m.includes('is not cached'));
-    assert.ok(w && w.includes('ran out of room after') && w.includes(' MB'), `the warning says so, with sizes: ${w}`);
+    assert.ok(w && w.includes('ran out of room after') && w.includes('of 98.4 MB'), `the warning says so, with sizes: ${w}`);
     assert.ok(!warnings.some((m) => /Uncaught|unhandled/i.test(m)));
   });
 }
+
+test('a file of no announced size loads and is kept', async () => {
+  await clear();
+  expectGolden(await run(hf(`${MODEL}.gguf`, 'test/unsized'), { cache: 'opfs', hub: hub.url }), 'no Content-Length');
+  assert.deepEqual((await list()).map((e) => e.size), [whole.length]);
+});
 
 test('hf: names resolve against the hub option, at a revision or main', async () => {
   await clear();
