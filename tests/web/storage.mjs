@@ -299,3 +299,21 @@ test('a missing part is refused by name', async () => {
   assert.equal(r.error?.code, 'bad_model');
   assert.ok(r.error.message.includes('smol-00003-of-00003.gguf') && r.error.message.includes('404'), r.error.message);
 });
+
+test("the demo's model box takes an hf: name", async () => {
+  const demo = await page.context().newPage();
+  try {
+    const q = new URLSearchParams({ target: hf(), hub: hub.url, cache: 'off', backend: 'cpu', autoload: '1' });
+    const before = hub.requests[`GET /test/smol/resolve/main/${MODEL}.gguf`] ?? 0;
+    await demo.goto(`${origin}/www/?${q}`);
+    await demo.waitForFunction(() => window.demo?.engine || window.demo?.error, null, { timeout: 120_000 });
+    const state = await demo.evaluate(() => ({ error: window.demo.error, box: document.getElementById('targetUrl').value, info: window.demo.engine?.info }));
+    assert.equal(state.error, null);
+    assert.equal(state.box, hf());
+    assert.equal(state.info.backend, 'cpu');
+    assert.equal(hub.requests[`GET /test/smol/resolve/main/${MODEL}.gguf`], before + 1);
+    await demo.evaluate(() => window.demo.engine.dispose());
+  } finally {
+    await demo.close();
+  }
+});
