@@ -3,6 +3,7 @@
 // build, its pool of compute threads), fills model buffers as bytes arrive, converts options and
 // results, and turns wasm errors into SaguaroErrors.
 import { LIMITS } from './contract.generated.js';
+import { chunksOf, openUrl, storeFor } from './storage.js';
 
 const isNode = typeof process !== 'undefined' && !!process.versions?.node;
 let ready = null;
@@ -192,8 +193,16 @@ export function whenLockFree(name, then) {
 
 const CHUNK = 1 << 22;
 
-/** Bytes of a model source, as a stream of Uint8Arrays with a known total when there is one. */
-async function open(source, { cache, role }) {
+/** The files of a model source: a split model's parts (from its first part's name), or one. */
+function filesOf(source) {
+  if (typeof source === 'string') return wasm.splitParts(source) ?? [source];
+  if (source instanceof URL) return filesOf(source.href);
+  return [source];
+}
+
+/** Bytes of a model file, as a stream of Uint8Arrays with a known total when there is one: a URL
+ * (or Hugging Face name) through `store` ([`openUrl`]), or bytes in hand. */
+async function open(source, { store, hub, role }) {
   if (source instanceof Uint8Array || source instanceof ArrayBuffer || ArrayBuffer.isView(source)) {
     const bytes = source instanceof ArrayBuffer ? new Uint8Array(source) : new Uint8Array(source.buffer, source.byteOffset, source.byteLength);
     return {
@@ -207,106 +216,92 @@ async function open(source, { cache, role }) {
   if (typeof Blob !== 'undefined' && source instanceof Blob) {
     return { total: source.size, fromCache: false, chunks: () => source.stream() };
   }
-  if (typeof source !== 'string' && !(source instanceof URL)) {
+  if (typeof source !== 'string') {
     throw new SaguaroError('invalid_argument', `${role}: expected a URL, a Blob/File, an ArrayBuffer or a Uint8Array`);
   }
-  const url = new URL(source, globalThis.location?.href).href;
-  const store = cache !== false && typeof caches !== 'undefined' ? await caches.open('saguaro-models-v1') : null;
-  let response = store ? await store.match(url) : undefined;
-  const fromCache = !!response;
-  let saving = null;
-  if (!response) {
-    try {
-      response = await fetch(url);
-    } catch (e) {
-      throw new SaguaroError('bad_model', `${role}: cannot fetch ${url}: ${e.message}`);
-    }
-    if (!response.ok) throw new SaguaroError('bad_model', `${role}: ${url} answered HTTP ${response.status}`);
-    // Saved while it is read (a clone tees the stream), so the file is never buffered whole.
-    if (store) saving = store.put(url, response.clone()).catch((e) => console.warn(`saguaro: not cached (${e.message})`));
-  }
-  // With a Content-Encoding (gzip, br), Content-Length counts the encoded bytes while the body
-  // reads decoded: the size is then unknown.
-  const encoding = response.headers.get('content-encoding');
-  const length = !encoding || encoding === 'identity' ? Number(response.headers.get('content-length')) : 0;
-  return { total: length > 0 ? length : null, fromCache, saving, chunks: () => response.body };
+  return openUrl(source, { store, hub, role });
 }
 
-async function* iterate(chunks) {
-  if (chunks[Symbol.asyncIterator]) {
-    yield* chunks;
-    return;
+/** Each file of `source` opened in turn, with its name and progress reporter. */
+async function* openFiles(source, { role, onProgress, cache, hub }) {
+  const store = await storeFor(cache);
+  const files = filesOf(source);
+  for (const [i, file] of files.entries()) {
+    const src = await open(file, { store, hub, role });
+    const name = typeof file === 'string' ? file : undefined;
+    const parts = files.length > 1 ? { part: i + 1, parts: files.length } : {};
+    const progress = (loaded) => onProgress?.({ phase: 'download', role, loaded, total: src.total, fromCache: src.fromCache, ...parts });
+    yield { src, name, progress };
   }
-  const reader = chunks.getReader();
-  let finished = false;
-  try {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) {
-        finished = true;
-        return;
+}
+
+/** Read a model source into wasm memory piece by piece, reporting progress; a split model's
+ * parts one after the other. */
+export async function readModel(source, opts) {
+  let buffer = null;
+  for await (const { src, name, progress } of openFiles(source, opts)) {
+    const room = (len) => (buffer ? buffer.nextPart(len, name) : (buffer = new wasm.ModelBuffer(len, name)));
+    let loaded = 0;
+    if (src.total) {
+      room(src.total);
+      for await (const chunk of chunksOf(src.chunks())) {
+        buffer.push(chunk);
+        loaded += chunk.byteLength;
+        progress(loaded);
       }
-      yield value;
+    } else {
+      // No announced length: gather the pieces first (only servers that omit Content-Length).
+      const pieces = [];
+      for await (const chunk of chunksOf(src.chunks())) {
+        pieces.push(chunk);
+        loaded += chunk.byteLength;
+        progress(loaded);
+      }
+      room(loaded);
+      for (const p of pieces) buffer.push(p);
     }
-  } finally {
-    // A reader that stopped early (a refused model) ends the download rather than leave it running.
-    if (!finished) reader.cancel().catch(() => {});
   }
-}
-
-/** Read a model source into wasm memory piece by piece, reporting progress. */
-export async function readModel(source, { role, onProgress, cache }) {
-  const src = await open(source, { cache, role });
-  const progress = (loaded) => onProgress?.({ phase: 'download', role, loaded, total: src.total, fromCache: src.fromCache });
-  let buffer;
-  let loaded = 0;
-  if (src.total) {
-    buffer = new wasm.ModelBuffer(src.total);
-    for await (const chunk of iterate(src.chunks())) {
-      buffer.push(chunk);
-      loaded += chunk.byteLength;
-      progress(loaded);
-    }
-  } else {
-    // No announced length: gather the pieces first (only servers that omit Content-Length).
-    const parts = [];
-    for await (const chunk of iterate(src.chunks())) {
-      parts.push(chunk);
-      loaded += chunk.byteLength;
-      progress(loaded);
-    }
-    buffer = new wasm.ModelBuffer(loaded);
-    for (const p of parts) buffer.push(p);
-  }
-  await src.saving;
   return buffer;
 }
 
 /** Stream a target bound for WebGPU onto the GPU as it downloads: each tensor goes to its GPU
  * buffer once it has arrived, so wasm memory never holds the whole file (a model larger than
- * wasm32's 4 GiB loads). `opts`: the load options as the wasm side takes them. */
-export async function streamModel(source, opts, { role, onProgress, cache }) {
-  const src = await open(source, { cache, role });
-  const stream = await wasm.ModelStream.open(src.total ?? 0, opts);
-  let loaded = 0;
+ * wasm32's 4 GiB loads). A split model's parts are opened together: each part's header is read
+ * first, then each part's rest in order. `opts`: the load options as the wasm side takes them. */
+export async function streamModel(source, opts, read) {
+  const files = [];
+  for await (const f of openFiles(source, read)) files.push({ ...f, it: chunksOf(f.src.chunks()), loaded: 0 });
+  const names = files.map((f, i) => f.name ?? `file ${i + 1}`);
+  const stream = await wasm.ModelStream.open(files.map((f) => f.src.total ?? 0), names, opts);
+  const push = (i, chunk) => {
+    const f = files[i];
+    stream.push(i, chunk);
+    f.loaded += chunk.byteLength;
+    f.progress(f.loaded);
+  };
   try {
-    for await (const chunk of iterate(src.chunks())) {
-      stream.push(chunk);
-      loaded += chunk.byteLength;
-      onProgress?.({ phase: 'download', role, loaded, total: src.total, fromCache: src.fromCache });
+    for (const [i, f] of files.entries()) {
+      while (stream.needsHeader(i)) {
+        const { done, value } = await f.it.next();
+        if (done) break;
+        push(i, value);
+      }
     }
+    for (const [i, f] of files.entries()) for await (const chunk of { [Symbol.asyncIterator]: () => f.it }) push(i, chunk);
   } catch (e) {
     stream.free();
     throw e;
+  } finally {
+    // Files left unread (a refused model) end their downloads, and store nothing.
+    for (const f of files) await f.it.return();
   }
-  await src.saving;
   return stream;
 }
 
 /** Load options as the wasm side takes them: all but those this package handles itself. The
  * wasm side knows the option names and refuses any other (src/wasm/options.rs). */
 export function engineOptions(opts, modes) {
-  const { onProgress, cache, ...rest } = opts;
+  const { onProgress, cache, hub, persist, ...rest } = opts;
   return { ...rest, modes };
 }
 
@@ -324,15 +319,15 @@ export async function loadEngine(target, draft, opts, modes, onProgress, request
   if (isServer(target)) {
     wasm.WasmEngine.checkServer(target);
     if (!draft) throw new SaguaroError('invalid_argument', 'a server target needs a draft model here: give { target: { server }, draft }');
-    const d = await readModel(draft, { role: 'draft', onProgress, cache: opts.cache });
+    const d = await readModel(draft, { role: 'draft', onProgress, cache: opts.cache, hub: opts.hub });
     return unlessStopped(wasm.WasmEngine.loadRemote(target, d, engineOptions(opts, modes)));
   }
   // A WebGPU target goes to the GPU as it downloads; a CPU target computes on its bytes in wasm memory.
   const streamed = opts.backend === 'gpu' && !!wasm.ModelStream;
   const t = streamed
-    ? await streamModel(target, engineOptions(opts, modes), { role: 'target', onProgress, cache: opts.cache })
-    : await readModel(target, { role: 'target', onProgress, cache: opts.cache });
-  const d = draft ? await readModel(draft, { role: 'draft', onProgress, cache: opts.cache }) : undefined;
+    ? await streamModel(target, engineOptions(opts, modes), { role: 'target', onProgress, cache: opts.cache, hub: opts.hub })
+    : await readModel(target, { role: 'target', onProgress, cache: opts.cache, hub: opts.hub });
+  const d = draft ? await readModel(draft, { role: 'draft', onProgress, cache: opts.cache, hub: opts.hub }) : undefined;
   onProgress?.({ phase: 'upload', role: 'target', loaded: 0, total: 1 });
   const o = engineOptions(opts, modes);
   const engine = await unlessStopped(streamed ? wasm.WasmEngine.loadStreamed(t, d, o) : wasm.WasmEngine.load(t, d, o));
@@ -343,7 +338,7 @@ export async function loadEngine(target, draft, opts, modes, onProgress, request
 export async function loadDraft(source, opts, onProgress) {
   await initWasm(opts.threads);
   wasm.WasmEngine.checkOptions(engineOptions(opts, []));
-  const buf = await readModel(source, { role: 'draft', onProgress, cache: opts.cache });
+  const buf = await readModel(source, { role: 'draft', onProgress, cache: opts.cache, hub: opts.hub });
   return unlessStopped(wasm.WasmDraft.load(buf, engineOptions(opts, [])));
 }
 

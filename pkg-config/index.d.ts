@@ -14,8 +14,34 @@ import type {
 
 export * from './contract.generated.js';
 
-/** Where a model comes from: a URL, a Blob/File, or the file's bytes. A GGUF file. */
+/** Where a model comes from: a URL, a Hugging Face name `hf:OWNER/REPO/PATH.gguf` (optionally
+ * `@REVISION`, default main; see `LoadOptions.hub`), a Blob/File, or the file's bytes. A GGUF
+ * file; a split model (`NAME-00001-of-00003.gguf`, …) by its first part's URL or name. */
 export type ModelSource = string | URL | Blob | ArrayBuffer | Uint8Array;
+
+/** Where downloaded models are kept: the origin private file system, the Cache API. */
+export type ModelStore = 'opfs' | 'cache-api';
+
+/** A model file kept in a store. */
+export interface StoredModel {
+  /** The name it was loaded by: its URL (made absolute) or its `hf:` name; a split model's parts
+   * are each an entry. */
+  url: string;
+  /** In bytes. */
+  size: number;
+  store: ModelStore;
+  /** When it was stored, in ms since the epoch. */
+  storedAt: number;
+}
+
+/** The models this origin keeps (`Saguaro.cache`). */
+export interface ModelCache {
+  list(): Promise<StoredModel[]>;
+  /** Remove `url`'s file from every store; resolves to whether one held it. */
+  delete(url: string): Promise<boolean>;
+  /** Remove every stored model. */
+  clear(): Promise<void>;
+}
 
 /** Every failure is one of these, with a message that says what went wrong. */
 export declare class SaguaroError extends Error {
@@ -27,19 +53,30 @@ export declare class SaguaroError extends Error {
 }
 
 export interface Progress {
-  /** `download` (bytes of a model file, possibly from the Cache API), then `upload` (placing the target). */
+  /** `download` (bytes of a model file, possibly from a store: `LoadOptions.cache`), then `upload` (placing the target). */
   phase: 'download' | 'upload';
   role: 'target' | 'draft';
   loaded: number;
   /** Null when the server did not say how large the file is. */
   total: number | null;
   fromCache?: boolean;
+  /** A split model: which of its `parts` files `loaded` and `total` count. */
+  part?: number;
+  parts?: number;
 }
 
 export interface LoadOptions extends EngineLoadOptions {
   onProgress?: (p: Progress) => void;
-  /** Keep downloaded models in the browser's Cache API (default true). */
-  cache?: boolean;
+  /** Where to keep downloaded models: 'opfs', 'cache-api', or false (not kept). Default (or
+   * true): the best store the browser has, OPFS where it exists. A stored file is read from
+   * there while its source's ETag and length still match it; a store without room for a file
+   * is left out, with a warning (the model loads all the same). */
+  cache?: boolean | ModelStore;
+  /** Ask the browser to make the store persistent (`navigator.storage.persist()`), so that it
+   * is not evicted when space runs low. */
+  persist?: boolean;
+  /** Where `hf:` names resolve (default 'https://huggingface.co'), e.g. a mirror. */
+  hub?: string;
 }
 
 export interface GenerateOptions extends EngineGenerateOptions {
@@ -104,6 +141,8 @@ export interface TextStream extends AsyncIterable<string> {
 }
 
 export declare class Saguaro {
+  /** The models kept in this browser's stores. */
+  static readonly cache: ModelCache;
   static load(models: { target: ModelSource | ServerTarget; draft?: ModelSource }, options?: LoadOptions): Promise<Saguaro>;
   readonly info: EngineInfo;
   generate(prompt: Prompt, options?: GenerateOptions): Promise<GenerateResult>;

@@ -5,6 +5,7 @@
 // else on one.
 import { DEFAULTS, LIMITS } from './contract.generated.js';
 import { SaguaroError, canShareMemory, errorInfo, isServer, whenLockFree } from './core.js';
+import { modelCache } from './storage.js';
 
 export { DEFAULTS, LIMITS, SaguaroError };
 
@@ -31,6 +32,8 @@ const FINISH_REASONS = { eos: 'stop', max_tokens: 'length', context_full: 'lengt
 function transferable(source, role) {
   if (isServer(source)) return { ...source };
   if (source instanceof URL) return source.href;
+  // A Hugging Face name is resolved where the file is read (against the `hub` option).
+  if (typeof source === 'string' && source.startsWith('hf:')) return source;
   if (typeof source === 'string') return new URL(source, globalThis.location?.href).href;
   if (source instanceof ArrayBuffer || ArrayBuffer.isView(source)) return new Blob([source]);
   if (typeof Blob !== 'undefined' && source instanceof Blob) return source;
@@ -173,11 +176,11 @@ class WorkerEngine {
     const spawn = remoteSsd ? (n) => spawnDraft(draft, cfg, draftThreads, `${lockId}-draft-${n}`, opts.onProgress) : null;
     // The engine worker reads the draft only to hold it itself, or with a server target, whose
     // tokenizer is the draft's (the engine then keeps the tokenizer alone): the draft worker then
-    // starts once that read is done, and reads the draft from the Cache API rather than
+    // starts once that read is done, and reads the draft from the store rather than
     // downloading it a second time.
     const localDraft = localModes.length > 0 || server;
     // A draft that is the target's own file (a model drafting for itself) is read once the
-    // target's read has put it in the Cache API, rather than downloaded twice at once.
+    // target's read has put it in the store, rather than downloaded twice at once.
     const sameFile = typeof draft === 'string' && draft === target && opts.cache !== false;
     let first = localDraft || sameFile ? null : spawn?.(0);
     try {
@@ -296,6 +299,9 @@ export class Saguaro {
   #impl;
   #queue = Promise.resolve();
 
+  /** The models kept in this browser's stores: list, delete, clear (see index.d.ts). */
+  static cache = modelCache;
+
   /**
    * Load a target model and an optional draft (same vocabulary). See index.d.ts for the options.
    */
@@ -307,6 +313,8 @@ export class Saguaro {
     if (!Array.isArray(modes)) throw new SaguaroError('invalid_argument', 'modes: expected an array of mode names');
     // The engine measures what each mode costs on this machine and picks the default mode (and
     // its K) itself; a generation without `mode` leaves the choice to it.
+    // Asked of the page (workers cannot): a persistent store is not evicted under pressure.
+    if (options.persist && globalThis.navigator?.storage?.persist && !(await navigator.storage.persist())) console.warn('saguaro: the browser did not make the model store persistent');
     const impl = isNode ? await InlineEngine.load(models, options, modes) : await WorkerEngine.load(models, options, modes);
     return new Saguaro(impl);
   }

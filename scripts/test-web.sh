@@ -52,9 +52,11 @@ scripts/test-wasm.sh || failed+=(scripts/test-wasm.sh)
 # In Chromium: the two Web Workers (abort, a dead draft worker); both models on WebGPU (the draft
 # worker on a GPUDevice of its own); a 4.2 GiB target on WebGPU (streamed to the GPU, never whole
 # in wasm memory); the threads build (a cross-origin isolated page, a pool of 2 compute workers);
-# a server target (saguaro serve at another origin); the demo end to end.
+# a server target (saguaro serve at another origin); the demo end to end; model stores, hf: names
+# and split models.
 echo "== the browser tests in Chromium"
-node_tests tests/web/worker.mjs tests/web/gpu.mjs tests/web/big.mjs tests/web/threads.mjs tests/web/remote.browser.mjs tests/web/e2e.mjs
+node_tests tests/web/worker.mjs tests/web/gpu.mjs tests/web/big.mjs tests/web/threads.mjs tests/web/remote.browser.mjs tests/web/e2e.mjs \
+  tests/web/storage.mjs
 
 if ((${#failed[@]})); then
   printf 'FAILED: %s\n' "${failed[@]}" >&2

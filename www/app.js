@@ -1,8 +1,10 @@
 // The demo: load a model pair, then race plain decoding (AR) against SSD on the same engine, one
 // after the other so they never share the hardware, and draw SSD's rounds.
 // URL parameters preset the form (pair, backend, draftBackend, target, draft, prompt, maxTokens,
-// specK, chat), `modes` (comma-separated) the modes to prepare (default: AR and SSD, the race's),
-// and `autoload=1` loads at once; `window.demo` exposes state for automated tests.
+// specK, chat; a target or draft may be a Hugging Face name, hf:OWNER/REPO/FILE.gguf), `modes`
+// (comma-separated) the modes to prepare (default: AR and SSD, the race's), `hub` where hf: names
+// resolve, `cache` the model store ('opfs', 'cache-api' or 'off'), and `autoload=1` loads at
+// once; `window.demo` exposes state for automated tests.
 import { Saguaro } from '../pkg/index.js';
 
 const $ = (id) => document.getElementById(id);
@@ -46,9 +48,10 @@ function progressBar(key, label) {
 
 function onProgress(p) {
   const mb = (n) => (n / 1e6).toFixed(1);
-  const key = `${p.role}-${p.phase}`;
+  const key = `${p.role}-${p.phase}-${p.part ?? 1}`;
+  const part = p.parts ? ` part ${p.part} of ${p.parts}` : '';
   const label = p.phase === 'download'
-    ? `${p.role}: ${mb(p.loaded)}${p.total ? ` / ${mb(p.total)}` : ''} MB${p.fromCache ? ' (from cache)' : ''}`
+    ? `${p.role}${part}: ${mb(p.loaded)}${p.total ? ` / ${mb(p.total)}` : ''} MB${p.fromCache ? ' (from cache)' : ''}`
     : `${p.role}: placing on the device`;
   progressBar(key, label).style.width = p.total ? `${(100 * p.loaded) / p.total}%` : '100%';
 }
@@ -82,6 +85,7 @@ async function load() {
       onProgress,
       modes: models.draft ? demo.modes ?? ['ar', 'ssd'] : ['ar'],
       specK: Number($('specK').value) > 4 ? Number($('specK').value) : undefined,
+      ...demo.storage,
     });
     demo.loadMs = performance.now() - t0;
     const i = demo.engine.info;
@@ -206,6 +210,10 @@ function init() {
   }
   if (q.has('chat')) $('chat').checked = q.get('chat') === '1';
   if (q.has('modes')) demo.modes = q.get('modes').split(',');
+  demo.storage = {
+    ...(q.has('hub') && { hub: q.get('hub') }),
+    ...(q.has('cache') && { cache: q.get('cache') === 'off' ? false : q.get('cache') }),
+  };
   const showCustom = () => ($('custom').hidden = $('pair').value !== 'custom');
   $('pair').onchange = showCustom;
   showCustom();

@@ -4,6 +4,8 @@
 
 use std::io::{self, Write};
 
+use crate::model::gguf::{Gguf, Value};
+
 pub enum Val {
     U32(u32),
     F32(f32),
@@ -12,6 +14,8 @@ pub enum Val {
     Bool(bool),
     /// An array of i32 (how llama.cpp's converter writes `tokenizer.ggml.token_type`).
     I32s(Vec<i32>),
+    /// Any value, as read from a GGUF file.
+    Value(Value),
 }
 
 #[derive(Default)]
@@ -28,7 +32,103 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend(s.as_bytes());
 }
 
+/// GGUF's type id of `v`.
+fn type_id(v: &Value) -> u32 {
+    match v {
+        Value::U8(_) => 0,
+        Value::I8(_) => 1,
+        Value::U16(_) => 2,
+        Value::I16(_) => 3,
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::String(_) => 8,
+        Value::Array(_) => 9,
+        Value::U64(_) => 10,
+        Value::I64(_) => 11,
+        Value::F64(_) => 12,
+    }
+}
+
+/// `v`'s type id and bytes.
+fn put_value(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        // An empty array's element type is not kept when read: any scalar type will do.
+        Value::Array(a) => put_array(out, a.first().map_or(4, type_id), a),
+        v => {
+            out.extend(type_id(v).to_le_bytes());
+            put_payload(out, v);
+        }
+    }
+}
+
+fn put_array(out: &mut Vec<u8>, elem: u32, items: &[Value]) {
+    out.extend(9u32.to_le_bytes());
+    out.extend(elem.to_le_bytes());
+    out.extend((items.len() as u64).to_le_bytes());
+    items.iter().for_each(|x| put_payload(out, x));
+}
+
+/// A scalar's bytes, without its type (an array's elements).
+fn put_payload(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.push(*x as u8),
+        Value::U16(x) => out.extend(x.to_le_bytes()),
+        Value::I16(x) => out.extend(x.to_le_bytes()),
+        Value::U32(x) => out.extend(x.to_le_bytes()),
+        Value::I32(x) => out.extend(x.to_le_bytes()),
+        Value::F32(x) => out.extend(x.to_le_bytes()),
+        Value::Bool(b) => out.push(*b as u8),
+        Value::String(s) => put_str(out, s),
+        Value::U64(x) => out.extend(x.to_le_bytes()),
+        Value::I64(x) => out.extend(x.to_le_bytes()),
+        Value::F64(x) => out.extend(x.to_le_bytes()),
+        Value::Array(_) => unreachable!("GGUF arrays do not nest"),
+    }
+}
+
 impl GgufWriter {
+    /// The file whose header is `g` and whose bytes are `file`, to be written again (its
+    /// metadata in key order).
+    pub fn from_gguf(g: &Gguf, file: &[u8]) -> Self {
+        let mut kv: Vec<_> = g.metadata.iter().filter(|(k, _)| *k != "general.alignment").collect();
+        kv.sort_by(|a, b| a.0.cmp(b.0));
+        let kv = kv.into_iter().map(|(k, v)| (k.clone(), Val::Value(v.clone()))).collect();
+        let tensors = g
+            .tensors
+            .iter()
+            .map(|t| {
+                let dims = t.dims.iter().map(|&d| d as u64).collect();
+                (t.name.clone(), dims, t.dtype.ggml_id(), file[t.range.start as usize..t.range.end as usize].to_vec())
+            })
+            .collect();
+        GgufWriter { kv, tensors }
+    }
+
+    /// The model cut into `parts` files as llama.cpp's gguf-split cuts it: the tensors shared
+    /// out in order, the first file with all the metadata, each with the `split.*` keys.
+    pub fn split(self, parts: usize) -> Vec<GgufWriter> {
+        let total = self.tensors.len();
+        let per = total.div_ceil(parts.max(1));
+        let mut tensors = self.tensors.into_iter();
+        let mut kv = Some(self.kv);
+        (0..parts)
+            .map(|no| {
+                let keys = [
+                    ("split.no", Value::U16(no as u16)),
+                    ("split.count", Value::U16(parts as u16)),
+                    ("split.tensors.count", Value::I32(total as i32)),
+                ];
+                let mut w = GgufWriter { kv: kv.take().unwrap_or_default(), tensors: tensors.by_ref().take(per).collect() };
+                w.kv.extend(keys.into_iter().map(|(k, v)| (k.to_string(), Val::Value(v))));
+                w
+            })
+            .collect()
+    }
+
+
     pub fn kv(mut self, k: &str, v: Val) -> Self {
         self.kv.push((k.into(), v));
         self
@@ -48,34 +148,13 @@ impl GgufWriter {
         for (k, v) in &self.kv {
             put_str(&mut out, k);
             match v {
-                Val::U32(x) => {
-                    out.extend(4u32.to_le_bytes());
-                    out.extend(x.to_le_bytes());
-                }
-                Val::F32(x) => {
-                    out.extend(6u32.to_le_bytes());
-                    out.extend(x.to_le_bytes());
-                }
-                Val::Str(s) => {
-                    out.extend(8u32.to_le_bytes());
-                    put_str(&mut out, s);
-                }
-                Val::Strs(a) => {
-                    out.extend(9u32.to_le_bytes());
-                    out.extend(8u32.to_le_bytes());
-                    out.extend((a.len() as u64).to_le_bytes());
-                    a.iter().for_each(|s| put_str(&mut out, s));
-                }
-                Val::Bool(b) => {
-                    out.extend(7u32.to_le_bytes());
-                    out.push(*b as u8);
-                }
-                Val::I32s(a) => {
-                    out.extend(9u32.to_le_bytes());
-                    out.extend(5u32.to_le_bytes());
-                    out.extend((a.len() as u64).to_le_bytes());
-                    a.iter().for_each(|x| out.extend(x.to_le_bytes()));
-                }
+                Val::U32(x) => put_value(&mut out, &Value::U32(*x)),
+                Val::F32(x) => put_value(&mut out, &Value::F32(*x)),
+                Val::Str(s) => put_value(&mut out, &Value::String(s.clone())),
+                Val::Bool(b) => put_value(&mut out, &Value::Bool(*b)),
+                Val::Strs(a) => put_array(&mut out, 8, &a.iter().map(|s| Value::String(s.clone())).collect::<Vec<_>>()),
+                Val::I32s(a) => put_array(&mut out, 5, &a.iter().map(|&x| Value::I32(x)).collect::<Vec<_>>()),
+                Val::Value(v) => put_value(&mut out, v),
             }
         }
         let mut offset = 0u64;

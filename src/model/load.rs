@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::config::{Arch, ModelConfig, Windows};
 use crate::model::arch::llama3_factors;
 use crate::model::gguf::{Gguf, TensorInfo};
+use crate::model::split;
 use crate::storage::quant::DType;
 use crate::model::tokenizer::{chat_template, Tokenizer};
 use crate::model::weights::{LayerWeights, LongRope, ModelWeights};
@@ -340,12 +341,21 @@ impl<T> GgufParts<T> {
 
 /// Load a GGUF model from its bytes.
 pub fn from_gguf(storage: Storage) -> Result<ModelFile> {
-    let buf: &[u8] = (*storage).as_ref();
-    let g = Gguf::parse(buf)?;
-    let parts = gguf_parts(&g, |_, ti, (rows, cols)| {
-        // Inside `buf`, as the parser checked, so within usize.
+    from_gguf_parts(vec![("the model file".into(), storage)])
+}
+
+/// Load a GGUF model from its files' bytes, each with its name (for errors): one file, or the
+/// parts of a split model in order ([`split`]).
+pub fn from_gguf_parts(files: Vec<(String, Storage)>) -> Result<ModelFile> {
+    let headers = files
+        .iter()
+        .map(|(name, s)| Gguf::parse((**s).as_ref()).map(|g| (name.clone(), g)).map_err(|e| split::in_file(name, files.len(), e)))
+        .collect::<Result<Vec<_>>>()?;
+    let (g, part_of) = split::merge(headers)?;
+    let parts = gguf_parts(&g, |i, ti, (rows, cols)| {
+        // Inside its file, as the parser checked, so within usize.
         let range = ti.range.start as usize..ti.range.end as usize;
-        Weight::new(ti.dtype, rows, cols, Bytes::new(storage.clone(), range))
+        Weight::new(ti.dtype, rows, cols, Bytes::new(files[part_of[i]].1.clone(), range))
     })?;
     let (weights, tokenizer, chat_template) = parts.with_rope(|w| Ok(w.clone()))?;
     Ok(ModelFile { weights, tokenizer, chat_template })
@@ -646,10 +656,23 @@ mod native {
         }
     }
 
-    /// Open a `.gguf` file or a Hugging Face model directory.
+    /// Open a `.gguf` file (a split model by its first part) or a Hugging Face model directory.
     pub fn open(path: &Path) -> Result<ModelFile> {
+        let parts = path.to_str().map(split::part_names).transpose()?.flatten();
         if path.is_dir() {
             from_hf(&Dir(path.to_path_buf()))
+        } else if let Some(parts) = parts.filter(|_| path.exists()) {
+            let files = parts
+                .into_iter()
+                .map(|p| {
+                    let storage = match Path::new(&p).exists() {
+                        true => map_file(Path::new(&p))?,
+                        false => return Err(Error::invalid_model(format!("{p}: this part of the split model is missing"))),
+                    };
+                    Ok((p, storage))
+                })
+                .collect::<Result<_>>()?;
+            from_gguf_parts(files)
         } else if path.exists() {
             from_gguf(map_file(path)?)
         } else {

@@ -9,6 +9,7 @@ pub mod gguf_writer;
 pub mod load;
 pub mod runner;
 pub mod slim;
+pub mod split;
 pub mod stream;
 #[cfg(feature = "native")]
 pub mod synth;

@@ -14,6 +14,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::model::gguf::{Gguf, TensorInfo};
 use crate::model::load::{gguf_parts, unpermute_qk, GgufParts, Tensor};
+use crate::model::split;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::transformer::{check_head, Transformer};
 use crate::model::weights::ModelWeights;
@@ -62,20 +63,47 @@ impl TensorRef {
     }
 }
 
-/// A model arriving into `B`: feed it the file's bytes in order with [`GgufStream::push`], then
-/// take the model with [`GgufStream::finish`].
+/// A model arriving into `B`: feed it the bytes of its file (or of each part of a split model,
+/// [`crate::model::split`]) in order with [`GgufStream::push_to`], then take the model with
+/// [`GgufStream::finish`].
+///
+/// The model is planned once every part's header is read, so each part's first bytes are pushed
+/// before any part's rest: push each part until [`GgufStream::needs_header`] says no, then each
+/// part's remaining bytes, part after part. Until then a part's bytes are held (a header and
+/// the rest of the piece that completed it).
 pub struct GgufStream<B: Backend> {
     backend: B,
-    /// The file's length, where it was announced.
-    file_len: Option<u64>,
-    /// Bytes pushed so far.
-    pos: u64,
+    parts: Vec<Part>,
+    /// The part whose bytes are being read, once the tensors are.
+    current: usize,
     state: State<B>,
 }
 
+struct Part {
+    /// What errors call it: a file name, or "the model file".
+    name: String,
+    /// Its length, where it was announced.
+    len: Option<u64>,
+    /// Bytes pushed so far.
+    pos: u64,
+    /// Its bytes held until the model is planned, and how many there were at the last try of its
+    /// header.
+    held: Vec<u8>,
+    tried: usize,
+    header: Option<Gguf>,
+}
+
+/// Part `p`'s byte `i` sits at `(p << PART_SHIFT) + i` in the one space of offsets the tensors
+/// are read in: the tensors of every part sort in the order they arrive.
+const PART_SHIFT: u32 = 48;
+
+fn offset(part: usize, at: u64) -> u64 {
+    ((part as u64) << PART_SHIFT) + at
+}
+
 enum State<B: Backend> {
-    /// The header's bytes so far, and how many there were at the last try.
-    Header { bytes: Vec<u8>, tried: usize },
+    /// Some part's header is still to come.
+    Headers,
     Tensors(Box<Tensors<B>>),
 }
 
@@ -103,75 +131,140 @@ pub struct StreamedModel<B: Backend> {
 }
 
 impl<B: Backend> GgufStream<B> {
-    /// A stream of a file of `file_len` bytes (`None`: not announced) onto `backend`.
+    /// A stream of one file of `file_len` bytes (`None`: not announced) onto `backend`.
     pub fn new(backend: B, file_len: Option<u64>) -> Self {
-        GgufStream { backend, file_len, pos: 0, state: State::Header { bytes: Vec::new(), tried: 0 } }
+        Self::with_parts(backend, vec![("the model file".into(), file_len)])
     }
 
-    /// Bytes pushed so far.
+    /// A stream of a split model's parts, each named (for errors) and with its length where
+    /// announced, in order.
+    pub fn with_parts(backend: B, parts: Vec<(String, Option<u64>)>) -> Self {
+        let parts = parts
+            .into_iter()
+            .map(|(name, len)| Part { name, len, pos: 0, held: Vec::new(), tried: 0, header: None })
+            .collect();
+        GgufStream { backend, parts, current: 0, state: State::Headers }
+    }
+
+    /// Bytes pushed so far, of all parts.
     pub fn received(&self) -> u64 {
-        self.pos
+        self.parts.iter().map(|p| p.pos).sum()
     }
 
-    /// The next bytes of the file. An error leaves the stream failed: drop it.
+    /// Whether part `part`'s header is still to come (its first bytes are wanted before any
+    /// part's rest).
+    pub fn needs_header(&self, part: usize) -> bool {
+        matches!(self.state, State::Headers) && self.parts.get(part).is_some_and(|p| p.header.is_none())
+    }
+
+    /// The next bytes of a one-file stream.
     pub fn push(&mut self, chunk: &[u8]) -> Result<()> {
-        let end = self.pos + chunk.len() as u64;
-        if let Some(len) = self.file_len.filter(|&len| end > len) {
-            return Err(Error::invalid_model(format!("the model is longer than its announced {len} bytes")));
+        self.push_to(0, chunk)
+    }
+
+    /// The next bytes of part `part`. An error leaves the stream failed: drop it.
+    pub fn push_to(&mut self, part: usize, chunk: &[u8]) -> Result<()> {
+        let n = self.parts.len();
+        let p = self.parts.get_mut(part).ok_or_else(|| Error::invalid_model(format!("the model has {n} files, not {}", part + 1)))?;
+        let end = p.pos + chunk.len() as u64;
+        if let Some(len) = p.len.filter(|&len| end > len) {
+            return Err(Error::invalid_model(format!("{} is longer than its announced {len} bytes", p.name)));
         }
-        let at = self.pos;
-        self.pos = end;
-        match &mut self.state {
-            State::Tensors(t) => t.feed(&self.backend, at, chunk),
-            State::Header { bytes, tried } => {
-                if bytes.len() + chunk.len() > MAX_HEADER {
-                    return Err(Error::invalid_model(format!("the GGUF header is larger than {} MB", MAX_HEADER >> 20)));
-                }
-                bytes.extend_from_slice(chunk);
-                let whole = self.file_len == Some(end);
-                if !whole && bytes.len() < (*tried * 2).max(FIRST_HEADER_TRY) {
-                    return Ok(());
-                }
-                *tried = bytes.len();
-                let Some(g) = Gguf::parse_prefix(bytes, self.file_len.unwrap_or(u64::MAX))? else { return Ok(()) };
-                let bytes = std::mem::take(bytes);
-                let mut t = Box::new(Tensors::plan(g)?);
-                t.feed(&self.backend, 0, &bytes)?;
-                self.state = State::Tensors(t);
-                Ok(())
+        let at = p.pos;
+        p.pos = end;
+        if let State::Tensors(t) = &mut self.state {
+            if part < self.current {
+                return Err(Error::invalid_model(format!("{} arrived after a later part began", self.parts[part].name)));
             }
+            while self.current < part {
+                let done = &self.parts[self.current];
+                if done.len.is_some_and(|len| len != done.pos) {
+                    return Err(Error::invalid_model(format!("{}'s bytes arrived before {} was whole", self.parts[part].name, done.name)));
+                }
+                self.current += 1;
+                let held = std::mem::take(&mut self.parts[self.current].held);
+                t.feed(&self.backend, &self.parts, offset(self.current, 0), &held)?;
+            }
+            return t.feed(&self.backend, &self.parts, offset(part, at), chunk);
         }
+        let p = &mut self.parts[part];
+        if p.held.len() + chunk.len() > MAX_HEADER {
+            return Err(Error::invalid_model(format!("{}: the GGUF header is larger than {} MB", p.name, MAX_HEADER >> 20)));
+        }
+        p.held.extend_from_slice(chunk);
+        let whole = p.len == Some(end);
+        if p.header.is_some() || (!whole && p.held.len() < (p.tried * 2).max(FIRST_HEADER_TRY)) {
+            return Ok(());
+        }
+        p.tried = p.held.len();
+        p.header = Gguf::parse_prefix(&p.held, p.len.unwrap_or(1 << PART_SHIFT)).map_err(|e| split::in_file(&p.name, n, e))?;
+        self.plan_when_ready()
+    }
+
+    /// Plan the model once every part's header has been read, and feed the first part's bytes.
+    fn plan_when_ready(&mut self) -> Result<()> {
+        if self.parts.iter().any(|p| p.header.is_none()) {
+            return Ok(());
+        }
+        let headers = self.parts.iter_mut().map(|p| (p.name.clone(), p.header.take().expect("checked above"))).collect();
+        let (mut g, part_of) = split::merge(headers)?;
+        for (info, &p) in g.tensors.iter_mut().zip(&part_of) {
+            info.range = offset(p, info.range.start)..offset(p, info.range.end);
+        }
+        let mut t = Box::new(Tensors::plan(g)?);
+        let held = std::mem::take(&mut self.parts[0].held);
+        t.feed(&self.backend, &self.parts, 0, &held)?;
+        self.state = State::Tensors(t);
+        Ok(())
     }
 
     /// The model, once every tensor it uses has arrived.
     pub fn finish(mut self) -> Result<StreamedModel<B>> {
-        // A file of no announced length that ended before the header was tried: it is all here.
-        if let (None, State::Header { bytes, .. }) = (self.file_len, &mut self.state) {
-            let bytes = std::mem::take(bytes);
-            let mut t = Box::new(Tensors::plan(Gguf::parse(&bytes)?)?);
-            t.feed(&self.backend, 0, &bytes)?;
-            self.state = State::Tensors(t);
+        // A part of no announced length that ended before its header was tried: it is all here.
+        if matches!(self.state, State::Headers) {
+            let n = self.parts.len();
+            for p in self.parts.iter_mut().filter(|p| p.header.is_none() && p.len.is_none()) {
+                p.header = Some(Gguf::parse(&p.held).map_err(|e| split::in_file(&p.name, n, e))?);
+            }
+            self.plan_when_ready()?;
         }
-        let truncated = |what: &str| {
-            let of = self.file_len.map_or(String::new(), |len| format!(" of {len}"));
-            Error::invalid_model(format!("the model file is truncated: {} bytes{of} arrived, {what}", self.pos))
-        };
-        let t = match self.state {
-            State::Header { .. } => return Err(truncated("inside its header")),
+        let t = match &mut self.state {
+            State::Headers => {
+                let p = self.parts.iter().find(|p| p.header.is_none()).expect("a header is missing");
+                return Err(truncated(p, "inside its header"));
+            }
             State::Tensors(t) => t,
         };
-        if t.done < t.order.len() {
-            return Err(truncated(&format!("before tensor {}", t.infos[t.order[t.done]].name)));
+        // Parts after the last one pushed to, which arrived whole with their headers.
+        while self.current + 1 < self.parts.len() {
+            self.current += 1;
+            let held = std::mem::take(&mut self.parts[self.current].held);
+            t.feed(&self.backend, &self.parts, offset(self.current, 0), &held)?;
+        }
+        if let Some(&i) = t.order.get(t.done) {
+            let info = &t.infos[i];
+            return Err(truncated(part_of(&self.parts, info), &format!("before tensor {}", info.name)));
         }
         // A download cut short past the last tensor is cut short all the same.
-        if self.file_len.is_some_and(|len| len != self.pos) {
-            return Err(truncated("after its last tensor"));
+        if let Some(p) = self.parts.iter().find(|p| p.len.is_some_and(|len| len != p.pos)) {
+            return Err(truncated(p, "after its last tensor"));
         }
+        let State::Tensors(t) = self.state else { unreachable!("matched above") };
         let Tensors { parts, loaded, kept, .. } = *t;
         let (weights, tokenizer, chat_template) = parts.with_rope(|r| Ok(r.resolve(&kept[&r.index])))?;
         let weights: ModelWeights<B::Weight> = weights.try_map(|r| Ok(loaded[r].clone()))?;
         Ok(StreamedModel { model: Transformer::from_loaded(self.backend, weights), tokenizer, chat_template })
     }
+}
+
+fn truncated(p: &Part, what: &str) -> Error {
+    let of = p.len.map_or(String::new(), |len| format!(" of {len}"));
+    Error::invalid_model(format!("{} is truncated: {} bytes{of} arrived, {what}", p.name, p.pos))
+}
+
+/// The part a tensor's bytes lie in.
+fn part_of<'a>(parts: &'a [Part], info: &TensorInfo) -> &'a Part {
+    &parts[(info.range.start >> PART_SHIFT) as usize]
 }
 
 impl<B: Backend> Tensors<B> {
@@ -217,14 +310,18 @@ impl<B: Backend> Tensors<B> {
         Ok(())
     }
 
-    /// Bytes `at..` of the file.
-    fn feed(&mut self, backend: &B, mut at: u64, mut chunk: &[u8]) -> Result<()> {
+    /// Bytes `at..` of the stream's offsets (see [`offset`]).
+    fn feed(&mut self, backend: &B, files: &[Part], mut at: u64, mut chunk: &[u8]) -> Result<()> {
         while let Some(&i) = self.order.get(self.done) {
             let range = self.infos[i].range.clone();
             let filled = range.start + self.current.len() as u64;
             let end = at + chunk.len() as u64;
             if end <= filled {
                 return Ok(());
+            }
+            // Bytes of a later part while this tensor is unfinished: its part ended short.
+            if at > filled {
+                return Err(truncated(part_of(files, &self.infos[i]), &format!("before tensor {}", self.infos[i].name)));
             }
             // Skip what lies before the tensor's unread part (padding, tensors the model does not use).
             let skip = filled.saturating_sub(at) as usize;

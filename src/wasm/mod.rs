@@ -38,7 +38,7 @@ use crate::decode::{DraftHost, DraftWorker};
 use crate::engine::{Device, Engine, Target};
 use crate::contract::{self, EngineInfo, GenerateOpts, LoadOpts, ServerTarget, MAX_MODEL_BYTES};
 use crate::error::{Error, ErrorCode};
-use crate::model::load::{from_gguf, ModelFile};
+use crate::model::load::{from_gguf_parts, ModelFile};
 use crate::model::runner::BoxedLm;
 use crate::remote::RemoteTarget;
 
@@ -71,60 +71,90 @@ pub fn limits() -> Result<JsValue, JsValue> {
     to_js(&contract::limits())
 }
 
-/// A model file's bytes in wasm memory, written piece by piece as they arrive.
+/// A model file's bytes in wasm memory, written piece by piece as they arrive; a split model's
+/// parts one after the other ([`crate::model::split`]).
 #[wasm_bindgen]
 pub struct ModelBuffer {
-    data: Vec<u8>,
+    /// Each file's name (for errors) and bytes; the last is being written.
+    files: Vec<(String, Vec<u8>)>,
     written: usize,
+}
+
+/// Room for a file of `len` bytes (refused cleanly when memory cannot hold it).
+fn file_room(len: f64) -> Result<Vec<u8>, JsValue> {
+    if !(len.is_finite() && len > 0.0 && len <= MAX_MODEL_BYTES) {
+        return Err(js_error_with(
+            ErrorCode::BadModel,
+            &format!("a model file of {len} bytes cannot be held in wasm memory (1 byte to {} GiB)", MAX_MODEL_BYTES / (1u64 << 30) as f64),
+        ));
+    }
+    let mut data = Vec::new();
+    data.try_reserve_exact(len as usize)
+        .map_err(|_| js_error_with(ErrorCode::OutOfMemory, &format!("cannot allocate {len} bytes for the model")))?;
+    data.resize(len as usize, 0);
+    Ok(data)
 }
 
 #[wasm_bindgen]
 impl ModelBuffer {
-    /// Room for a file of `len` bytes (refused cleanly when memory cannot hold it).
+    /// Room for a file of `len` bytes, called `name` in errors.
     #[wasm_bindgen(constructor)]
-    pub fn new(len: f64) -> Result<ModelBuffer, JsValue> {
-        if !(len.is_finite() && len > 0.0 && len <= MAX_MODEL_BYTES) {
-            return Err(js_error_with(
-                ErrorCode::BadModel,
-                &format!("a model file of {len} bytes cannot be held in wasm memory (1 byte to {} GiB)", MAX_MODEL_BYTES / (1u64 << 30) as f64),
-            ));
-        }
-        let mut data = Vec::new();
-        data.try_reserve_exact(len as usize)
-            .map_err(|_| js_error_with(ErrorCode::OutOfMemory, &format!("cannot allocate {len} bytes for the model")))?;
-        data.resize(len as usize, 0);
-        Ok(ModelBuffer { data, written: 0 })
+    pub fn new(len: f64, name: Option<String>) -> Result<ModelBuffer, JsValue> {
+        let name = name.unwrap_or_else(|| "the model file".into());
+        Ok(ModelBuffer { files: vec![(name, file_room(len)?)], written: 0 })
+    }
+
+    /// The next part of a split model, once the previous one is whole.
+    #[wasm_bindgen(js_name = nextPart)]
+    pub fn next_part(&mut self, len: f64, name: String) -> Result<(), JsValue> {
+        self.check_whole()?;
+        self.files.push((name, file_room(len)?));
+        self.written = 0;
+        Ok(())
     }
 
     /// Append the next piece of the file.
     pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsValue> {
+        let (name, data) = self.files.last_mut().expect("a buffer holds a file");
         let end = self.written + chunk.len();
-        if end > self.data.len() {
-            return Err(js_error_with(
-                ErrorCode::BadModel,
-                &format!("the model is longer than its announced {} bytes", self.data.len()),
-            ));
+        if end > data.len() {
+            return Err(js_error_with(ErrorCode::BadModel, &format!("{name} is longer than its announced {} bytes", data.len())));
         }
-        self.data[self.written..end].copy_from_slice(chunk);
+        data[self.written..end].copy_from_slice(chunk);
         self.written = end;
         Ok(())
     }
 
+    /// Bytes written into the file being written.
     pub fn written(&self) -> f64 {
         self.written as f64
     }
 }
 
 impl ModelBuffer {
-    fn parse(self) -> Result<ModelFile, JsValue> {
-        if self.written != self.data.len() {
+    fn check_whole(&self) -> Result<(), JsValue> {
+        let (name, data) = self.files.last().expect("a buffer holds a file");
+        if self.written != data.len() {
             return Err(js_error_with(
                 ErrorCode::BadModel,
-                &format!("the model file is truncated: {} of {} bytes arrived", self.written, self.data.len()),
+                &format!("{name} is truncated: {} of {} bytes arrived", self.written, data.len()),
             ));
         }
-        from_gguf(Arc::new(self.data)).map_err(|e| js_error(&e))
+        Ok(())
     }
+
+    fn parse(self) -> Result<ModelFile, JsValue> {
+        self.check_whole()?;
+        let files = self.files.into_iter().map(|(name, data)| (name, Arc::new(data) as crate::storage::Storage)).collect();
+        from_gguf_parts(files).map_err(|e| js_error(&e))
+    }
+}
+
+/// The URLs of every part of the split model whose first part is `url`, or `undefined` when
+/// `url` does not name a split model's first part (see [`crate::model::split::part_names`]).
+#[wasm_bindgen(js_name = splitParts)]
+pub fn split_parts(url: &str) -> Result<Option<Vec<String>>, JsValue> {
+    crate::model::split::part_names(url).map_err(|e| js_error(&e))
 }
 
 /// A target model streamed onto the GPU as it downloads (see [`crate::model::stream`]).
@@ -138,26 +168,38 @@ pub struct ModelStream {
 #[wasm_bindgen]
 impl ModelStream {
     /// Open the GPU that `opts` (as [`WasmEngine::load`] takes them) choose for the target, for
-    /// a file of `len` bytes (0: length not announced). Resolves to a `ModelStream`.
-    pub fn open(len: f64, opts: JsValue) -> Promise {
+    /// files of `lens` bytes (0: length not announced) called `names`: one file, or a split
+    /// model's parts. Resolves to a `ModelStream`.
+    pub fn open(lens: Vec<f64>, names: Vec<String>, opts: JsValue) -> Promise {
         install_panic_hook();
         future_to_promise(async move {
-            if !(len.is_finite() && (0.0..=MAX_SAFE_INTEGER).contains(&len)) {
+            if let Some(len) = lens.iter().find(|len| !(len.is_finite() && (0.0..=MAX_SAFE_INTEGER).contains(*len))) {
                 return Err(js_error_with(ErrorCode::BadModel, &format!("a model file of {len} bytes")));
+            }
+            if lens.len() != names.len() || lens.is_empty() {
+                return Err(js_error_with(ErrorCode::Internal, "ModelStream.open: one name per file"));
             }
             let opts: LoadOpts = options::parse(opts)?;
             let Some(options) = opts.engine_options()?.target.gpu_options() else {
                 return Err(js_error_with(ErrorCode::InvalidArgument, "a target streamed to the GPU needs backend 'gpu'"));
             };
             let gpu = crate::backend::gpu::GpuBackend::new(options).await.map_err(|e| js_error(&e))?;
-            let stream = crate::model::stream::GgufStream::new(gpu, (len > 0.0).then_some(len as u64));
+            let parts = names.into_iter().zip(lens).map(|(name, len)| (name, (len > 0.0).then_some(len as u64))).collect();
+            let stream = crate::model::stream::GgufStream::with_parts(gpu, parts);
             Ok(ModelStream { stream }.into())
         })
     }
 
-    /// The next piece of the file: each tensor it completes goes to the GPU now.
-    pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsValue> {
-        self.stream.push(chunk).map_err(|e| js_error(&e))
+    /// The next piece of file `part`: each tensor it completes goes to the GPU now.
+    pub fn push(&mut self, part: usize, chunk: &[u8]) -> Result<(), JsValue> {
+        self.stream.push_to(part, chunk).map_err(|e| js_error(&e))
+    }
+
+    /// Whether file `part`'s header is still to come: every file's first bytes go before any
+    /// file's rest.
+    #[wasm_bindgen(js_name = needsHeader)]
+    pub fn needs_header(&self, part: usize) -> bool {
+        self.stream.needs_header(part)
     }
 }
 
