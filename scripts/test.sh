@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 chmod 700 "$XDG_RUNTIME_DIR"
 
+echo "== docs: every relative link resolves, the README stays short"
+scripts/check-docs.sh
+
 echo "== tests"
 cargo test --release
 echo "== CPU kernel tests with the portable kernels as the best set"
