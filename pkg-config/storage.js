@@ -133,7 +133,9 @@ const opfs = {
       },
       async abort() {
         await file.close().catch(() => {});
-        await dir.removeEntry(`${key}.gguf`).catch(() => {});
+        // `commit` may have written part of the record before it failed.
+        await removeIfThere(dir, `${key}.json`);
+        await removeIfThere(dir, `${key}.gguf`);
       },
     };
   },
@@ -162,8 +164,21 @@ async function openFile(handle) {
 
 async function writeFile(dir, name, text) {
   const file = await openFile(await dir.getFileHandle(name, { create: true }));
-  await file.write(new TextEncoder().encode(text), 0);
-  await file.close();
+  try {
+    await file.write(new TextEncoder().encode(text), 0);
+  } finally {
+    // A sync access handle left open keeps the file locked (e.g. after a full store).
+    await file.close();
+  }
+}
+
+/** Removes `name` from `dir`; one that is not there is no error. */
+async function removeIfThere(dir, name) {
+  try {
+    await dir.removeEntry(name);
+  } catch (e) {
+    if (e?.name !== 'NotFoundError') throw e;
+  }
 }
 
 async function readJson(dir, name) {
@@ -209,19 +224,38 @@ const cacheApi = {
   async writer(name, meta) {
     const cache = await caches.open(CACHE);
     let controller;
-    const body = new ReadableStream({ start: (c) => (controller = c) });
+    // `pull` is called when `put` wants more: `write` waits for it, so at most a few chunks
+    // wait in memory however slowly the cache reads.
+    let wanted = null;
+    const body = new ReadableStream(
+      {
+        start: (c) => (controller = c),
+        pull: () => {
+          wanted?.();
+          wanted = null;
+        },
+      },
+      { highWaterMark: 2 },
+    );
     const headers = { 'x-saguaro-url': meta.url, 'x-saguaro-stored-at': String(Date.now()) };
     if (meta.etag) headers['x-saguaro-etag'] = meta.etag;
     const put = cache.put(cacheKey(name), new Response(body, { headers }));
-    put.catch(() => {});
+    // `put` settling before the body is closed means the cache stopped reading.
+    const stopped = put.then(() => {
+      throw new Error('the Cache API stopped reading the file');
+    });
+    stopped.catch(() => {});
     return {
       async write(chunk) {
         try {
           controller.enqueue(chunk);
+          // A failed `put` errors the stream (desiredSize null): the next enqueue throws.
+          while (controller.desiredSize !== null && controller.desiredSize <= 0) {
+            await Promise.race([new Promise((resolve) => (wanted = resolve)), stopped]);
+          }
         } catch {
           // The cache stopped reading: `put` says why (a full store).
-          await put;
-          throw new Error('the Cache API stopped reading the file');
+          await stopped;
         }
       },
       async commit() {
@@ -300,10 +334,13 @@ export async function openUrl(name, { store, hub, role }) {
 async function* storing(body, store, name, meta, total) {
   let writer = store ? await startWriting(store, name, meta, total) : null;
   let written = 0;
-  const drop = async (e) => {
+  const discard = async () => {
     const w = writer;
     writer = null;
     await w.abort().catch(() => {});
+  };
+  const drop = async (e) => {
+    await discard();
     const room = await estimate();
     const used = room ? ` (${mb(room.usage)} of ${mb(room.quota)} in use)` : '';
     const size = total ? ` of ${mb(total)}` : '';
@@ -324,10 +361,15 @@ async function* storing(body, store, name, meta, total) {
       yield chunk;
     }
     finished = true;
+    // A body that ended short of its Content-Length (a dropped connection) is not the file.
+    if (writer && total && written !== total) {
+      await discard();
+      console.warn(`saguaro: ${name} is not cached: its download ended after ${mb(written)} of the ${mb(total)} its Content-Length gave`);
+    }
     if (writer) await writer.commit().catch(drop);
   } finally {
     // Left early (a refused model, a failed load): nothing half written stays.
-    if (!finished && writer) await writer.abort().catch(() => {});
+    if (!finished && writer) await discard();
   }
 }
 
