@@ -1,7 +1,7 @@
 // The part of the package that runs where the engine lives: in the engine and draft Web Workers
 // in a browser, or inline in Node. It picks and starts the build of the library (with the threads
-// build, its pool of compute threads), fills model buffers as bytes arrive, converts options and
-// results, and turns wasm errors into SaguaroErrors.
+// build, its pool of compute threads), fills model buffers as bytes arrive, converts options, and
+// turns wasm errors into SaguaroErrors.
 import { LIMITS } from './contract.generated.js';
 import { chunksOf, openUrl, storeFor } from './storage.js';
 
@@ -299,7 +299,7 @@ export async function streamModel(source, opts, read) {
 }
 
 /** Load options as the wasm side takes them: all but those this package handles itself. The
- * wasm side knows the option names and refuses any other (src/wasm/options.rs). */
+ * wasm side knows the option names and refuses any other (src/contract/options.rs). */
 export function engineOptions(opts, modes) {
   const { onProgress, cache, hub, persist, ...rest } = opts;
   return { ...rest, modes };

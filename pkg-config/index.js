@@ -311,10 +311,10 @@ export class Saguaro {
     const modes = options.modes ?? (models.draft ? DEFAULTS.modes : ['ar']);
     // The names are the engine's to check (with the other options, before any download).
     if (!Array.isArray(modes)) throw new SaguaroError('invalid_argument', 'modes: expected an array of mode names');
-    // The engine measures what each mode costs on this machine and picks the default mode (and
-    // its K) itself; a generation without `mode` leaves the choice to it.
     // Asked of the page (workers cannot): a persistent store is not evicted under pressure.
     if (options.persist && globalThis.navigator?.storage?.persist && !(await navigator.storage.persist())) console.warn('saguaro: the browser did not make the model store persistent');
+    // The engine measures what each mode costs on this machine and picks the default mode (and
+    // its K) itself; a generation without `mode` leaves the choice to it.
     const impl = isNode ? await InlineEngine.load(models, options, modes) : await WorkerEngine.load(models, options, modes);
     return new Saguaro(impl);
   }

@@ -5,7 +5,7 @@
 // (comma-separated) the modes to prepare (default: AR and SSD, the race's), `hub` where hf: names
 // resolve, `cache` the model store ('opfs', 'cache-api' or 'off'), and `autoload=1` loads at
 // once; `window.demo` exposes state for automated tests.
-import { Saguaro } from '../pkg/index.js';
+import { DEFAULTS, Saguaro } from '../pkg/index.js';
 
 const $ = (id) => document.getElementById(id);
 const PAIRS = {
@@ -84,7 +84,7 @@ async function load() {
       draftBackend: $('draftBackend').value,
       onProgress,
       modes: models.draft ? demo.modes ?? ['ar', 'ssd'] : ['ar'],
-      specK: Number($('specK').value) > 4 ? Number($('specK').value) : undefined,
+      specK: Number($('specK').value) > DEFAULTS.specK ? Number($('specK').value) : undefined,
       ...demo.storage,
     });
     demo.loadMs = performance.now() - t0;

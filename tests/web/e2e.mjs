@@ -86,9 +86,12 @@ test('the CPU target: painting, stop, a new race', async (t) => {
   //    a new race gives the golden text.
   const cpu = await open({ backend: 'cpu', draftBackend: 'cpu', maxTokens: '400' });
   // The demo's pages are cross-origin isolated, so a CPU target computes on the threads build, one
-  // thread per core (at most 8).
+  // thread per core (at most DEFAULTS.threadCap).
   const { threads, targetBackend } = await cpu.evaluate(() => window.demo.engine.info);
-  const cores = await cpu.evaluate(() => Math.min(navigator.hardwareConcurrency, 8));
+  const cores = await cpu.evaluate(async () => {
+    const { DEFAULTS } = await import('/pkg/index.js');
+    return Math.min(navigator.hardwareConcurrency, DEFAULTS.threadCap);
+  });
   await check(t, threads === cores && targetBackend.startsWith(`cpu (${cores} threads`),
     `the CPU target computes on ${cores} threads (${threads}: ${targetBackend})`);
   const loadMs = await cpu.evaluate(() => window.demo.loadMs);

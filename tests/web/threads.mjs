@@ -120,10 +120,13 @@ test('SD and SSD with a pooled target', async (t) => {
 test('the default thread count', async (t) => {
   // 3. The default thread count (hardwareConcurrency, capped) uses the pool where there is more
   //    than one core.
-  const cores = await page.evaluate(() => navigator.hardwareConcurrency);
+  const { cores, cap } = await page.evaluate(async () => {
+    const { DEFAULTS } = await import('/pkg/index.js');
+    return { cores: navigator.hardwareConcurrency, cap: DEFAULTS.threadCap };
+  });
   const auto = await run(page, { target: model }, { backend: 'cpu', modes: ['ar'], cache: false }, [ar()]);
-  await check(t, auto.info.threads === Math.min(cores, 8) && JSON.stringify(auto.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens),
-    `by default ${Math.min(cores, 8)} threads (${cores} cores), the same tokens`);
+  await check(t, auto.info.threads === Math.min(cores, cap) && JSON.stringify(auto.runs.ar.tokens) === JSON.stringify(one.runs.ar.tokens),
+    `by default ${Math.min(cores, cap)} threads (${cores} cores, at most ${cap}), the same tokens`);
 });
 
 test("a panic on the engine's thread", async (t) => {
