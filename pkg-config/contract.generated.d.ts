@@ -328,8 +328,7 @@ context: number,
  */
 maxTokens: number, 
 /**
- * `threads` is one per logical core, at most this many: beyond a few threads a decode step
- * gains little (memory bandwidth, a synchronization per matmul).
+ * `threads` is one per logical core, at most this many.
  */
 threadCap: number, 
 /**
@@ -386,8 +385,7 @@ export type Limits = {
  */
 maxThreads: number, 
 /**
- * The largest model file a model computed on in wasm memory (a CPU model, a draft) is read
- * from: wasm32's memory is 4 GiB in all.
+ * The largest model (a CPU model, a draft: one computed on in wasm memory), in bytes.
  */
 maxModelBytes: number, };
 

@@ -171,7 +171,7 @@ pub enum Prompt {
 
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
-    /// Default: SSD when the engine has a draft, AR otherwise.
+    /// Default: [`Engine::default_mode`].
     pub mode: Option<Mode>,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
@@ -258,16 +258,16 @@ const MIN_OBSERVED_ROUNDS: usize = 4;
 /// trip weighs little.
 const AR_PROBE_TOKENS: usize = 16;
 
-/// The draft model's defaults, measured with the Qwen 2.5 Coder pair on a 2-core CPU
-/// (docs/measurements.md: "A cheaper draft"): Q4_K (its 896-value rows padded to 1,024 on the
-/// CPU, Q4_1 elsewhere) and the 65,536 lowest token ids keep the 0.5B draft's acceptance on code
-/// (0.85 as stored, 0.87 requantized) and read about 255 MB of weights per step instead of 392 MB.
 /// KV-cache size in tokens (prompt + output) without the option, for every front-end (CLI, JS API):
 /// room for a long code prompt and its answer, at a cost of at most 224 MiB of f32 K and V for
 /// Qwen2.5-1.5B's 28 layers (half that as the GPU's f16), which wasm32's 4 GiB holds beside the model.
 pub const DEFAULT_CONTEXT: usize = 4096;
 /// Upper bound on generated tokens without the option, for every front-end.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
+/// The draft model's defaults, measured with the Qwen 2.5 Coder pair on a 2-core CPU
+/// (docs/measurements.md: "A cheaper draft"): Q4_K (its 896-value rows padded to 1,024 on the
+/// CPU, Q4_1 elsewhere) and the 65,536 lowest token ids keep the 0.5B draft's acceptance on code
+/// (0.85 as stored, 0.87 requantized) and read about 255 MB of weights per step instead of 392 MB.
 pub const DEFAULT_DRAFT_QUANT: Option<DType> = Some(DType::Q4K);
 pub const DEFAULT_DRAFT_HEAD: Option<usize> = Some(65_536);
 
@@ -453,7 +453,7 @@ impl Engine {
         let choice = match has_draft && opts.auto && opts.modes.len() != 1 {
             true => {
                 let beside = !(cpu(&opts.target) && cpu(&opts.draft));
-                measure_choice(target_lm.as_mut(), None, &mut strategies, &opts.spec, beside, None).await?
+                measure_choice(target_lm.as_mut(), None, &mut strategies, &opts.spec, beside).await?
             }
             false => None,
         };
@@ -497,7 +497,7 @@ impl Engine {
         // The server computes beside the draft, so SSD's overlap is real wherever the draft
         // answers on a worker of its own.
         let choice = match opts.auto && opts.modes.len() != 1 {
-            true => measure_choice(target_lm.as_mut(), Some(&mut remote), &mut strategies, &opts.spec, true, None).await?,
+            true => measure_choice(target_lm.as_mut(), Some(&mut remote), &mut strategies, &opts.spec, true).await?,
             false => None,
         };
         Ok(Engine {
@@ -569,7 +569,7 @@ impl Engine {
             Some(c) => Some(c.costs.choose(c.acceptance, &candidates(&self.strategies, &self.spec))),
             None if sd && self.auto => {
                 let target = self.target.as_mut();
-                measure_choice(target, self.remote.as_mut(), &mut self.strategies, &self.spec, beside, None).await?
+                measure_choice(target, self.remote.as_mut(), &mut self.strategies, &self.spec, beside).await?
             }
             None => None,
         };
@@ -790,14 +790,13 @@ fn candidates<'a>(strategies: &'a [Box<dyn Strategy>], spec: &'a SpecConfig) -> 
 /// The measured choice of mode and K: the target timed (a server's forwards from here, and its
 /// own decode as AR's cost per token), then the first drafter a strategy offers, where it runs
 /// (a tree step as wide as SSD's where it runs `beside` the target); `None` where no strategy
-/// drafts. `acceptance`: the per-token acceptance to assume, else the drafter's prior.
+/// drafts. The choice assumes the drafter's prior acceptance until generations show theirs.
 async fn measure_choice(
     target: &mut dyn Lm,
     remote: Option<&mut Remote>,
     strategies: &mut [Box<dyn Strategy>],
     spec: &SpecConfig,
     beside: bool,
-    acceptance: Option<f64>,
 ) -> Result<Option<Choice>> {
     let rows = if beside { spec.fanout.max_branches(spec.k) } else { 0 };
     let Some(at) = strategies.iter_mut().position(|s| s.time_draft(0).is_some()) else { return Ok(None) };
@@ -807,7 +806,7 @@ async fn measure_choice(
     }
     let timing = strategies[at].time_draft(rows).expect("the strategy offered its drafter").await?;
     let costs = costs.with_draft(timing.costs);
-    Ok(Some(costs.choose(acceptance.unwrap_or(timing.prior), &candidates(strategies, spec))))
+    Ok(Some(costs.choose(timing.prior, &candidates(strategies, spec))))
 }
 
 fn not_prepared(mode: Mode) -> Error {

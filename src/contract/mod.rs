@@ -36,8 +36,7 @@ pub struct Defaults {
     pub context: usize,
     /// Upper bound on generated tokens.
     pub max_tokens: usize,
-    /// `threads` is one per logical core, at most this many: beyond a few threads a decode step
-    /// gains little (memory bandwidth, a synchronization per matmul).
+    /// `threads` is one per logical core, at most this many.
     pub thread_cap: usize,
     /// The modes a load with a draft prepares (without one: 'ar' alone).
     #[cfg_attr(test, ts(as = "Vec<Mode>"))]
@@ -73,8 +72,7 @@ pub struct Defaults {
 pub struct Limits {
     /// The most threads the `threads` option takes.
     pub max_threads: usize,
-    /// The largest model file a model computed on in wasm memory (a CPU model, a draft) is read
-    /// from: wasm32's memory is 4 GiB in all.
+    /// The largest model (a CPU model, a draft: one computed on in wasm memory), in bytes.
     pub max_model_bytes: f64,
 }
 
@@ -86,7 +84,7 @@ pub fn defaults() -> Defaults {
         context: EngineOptions::default().context,
         max_tokens: GenerateOptions::default().max_tokens,
         thread_cap: DEFAULT_THREAD_CAP,
-        modes: [Mode::Ar, Mode::Sd, Mode::Ssd].iter().map(Mode::to_string).collect(),
+        modes: Mode::ALL.iter().map(Mode::to_string).collect(),
         spec_k: spec.k,
         fanout: spec.fanout.to_string(),
         backup: spec.backup.to_string(),

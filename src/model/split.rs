@@ -27,11 +27,16 @@ fn parse_name(name: &str) -> Option<(&str, u32, u32)> {
     Some((prefix, digits(no)?, digits(count)?))
 }
 
-/// The names of every part of the split model whose first part is `first` (a path or a URL; a
-/// URL's query and fragment are kept on each name), or `None` when `first` is not named as a split
-/// file. Naming a later part is an error that names the first.
+/// The names of every part of the split model whose first part is `first` (a path, a URL, or an
+/// `hf:` name; a URL's query and fragment, and an `hf:` name's `@REVISION`, are kept on each
+/// name), or `None` when `first` is not named as a split file. Naming a later part is an error
+/// that names the first.
 pub fn part_names(first: &str) -> Result<Option<Vec<String>>> {
     let end = first.find(['?', '#']).unwrap_or(first.len());
+    let end = match first.rfind('@') {
+        Some(at) if first.starts_with("hf:") && first[..at].ends_with(".gguf") => at,
+        _ => end,
+    };
     let (path, query) = first.split_at(end);
     let Some((prefix, no, count)) = parse_name(path) else { return Ok(None) };
     if count > MAX_PARTS {
@@ -81,7 +86,7 @@ pub fn merge(parts: Vec<(String, Gguf)>) -> Result<(Gguf, Vec<usize>)> {
     let declared = first.as_ref().map_or(1, |k| k.count);
     if declared != n as u64 {
         let what = match first.as_ref() {
-            Some(k) => format!("{first_name} is part {} of a model split into {declared} files", k.no + 1),
+            Some(k) => format!("{first_name} is part {} of a model split into {declared} files", k.no.saturating_add(1)),
             None => format!("{first_name} is a whole model, not a split model's first part"),
         };
         return Err(Error::invalid_model(format!("{what}, but {n} were given (split files load by their first part's name, NAME-00001-of-{declared:05}.gguf)")));
@@ -89,13 +94,13 @@ pub fn merge(parts: Vec<(String, Gguf)>) -> Result<(Gguf, Vec<usize>)> {
     let mut part_of = vec![0; model.tensors.len()];
     if let Some(k) = &first {
         if k.no != 0 {
-            return Err(Error::invalid_model(format!("{first_name} says it is part {} of {}, not the first", k.no + 1, k.count)));
+            return Err(Error::invalid_model(format!("{first_name} says it is part {} of {}, not the first", k.no.saturating_add(1), k.count)));
         }
         for (i, (name, g)) in parts {
             let mismatch = |what: String| Error::invalid_model(format!("{name} does not belong with {first_name}: {what}"));
             let keys = split_keys(&g)?.ok_or_else(|| mismatch("it has no split.* metadata".into()))?;
             if keys.count != declared || keys.no != i as u64 {
-                return Err(mismatch(format!("it says it is part {} of {}, expected part {} of {declared}", keys.no + 1, keys.count, i + 1)));
+                return Err(mismatch(format!("it says it is part {} of {}, expected part {} of {declared}", keys.no.saturating_add(1), keys.count, i + 1)));
             }
             part_of.extend(std::iter::repeat_n(i, g.tensors.len()));
             model.tensors.extend(g.tensors);
@@ -116,6 +121,8 @@ pub(crate) fn in_file(name: &str, files: usize, e: Error) -> Error {
     match (files, e) {
         (1, e) => e,
         (_, Error::InvalidModel(m)) => Error::InvalidModel(format!("{name}: {m}")),
+        (_, Error::Unsupported(m)) => Error::Unsupported(format!("{name}: {m}")),
+        (_, Error::Tokenizer(m)) => Error::Tokenizer(format!("{name}: {m}")),
         (_, e) => Error::invalid_model(format!("{name}: {e}")),
     }
 }
@@ -144,5 +151,8 @@ mod tests {
         let e = part_names("/m/qwen-00002-of-00003.gguf").unwrap_err().to_string();
         assert!(e.contains("qwen-00001-of-00003.gguf"), "{e}");
         assert!(part_names("/m/q-00001-of-00000.gguf").is_err());
+        let hf = part_names("hf:o/r/m-00001-of-00002.gguf@v1.2").unwrap().unwrap();
+        assert_eq!(hf, ["hf:o/r/m-00001-of-00002.gguf@v1.2", "hf:o/r/m-00002-of-00002.gguf@v1.2"]);
+        assert!(part_names("hf:o/r/m.gguf@v1").unwrap().is_none());
     }
 }

@@ -37,10 +37,14 @@ pub struct RemoteOptions {
     pub top_n: usize,
 }
 
-/// [`RemoteOptions`]' defaults, for every front-end (the CLI's `--server-*`, the JS API's server target).
+// [`RemoteOptions`]' defaults, for every front-end (the CLI's `--server-*`, the JS API's server target).
+/// Limit on one request.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Further attempts after a failed request.
 pub const DEFAULT_RETRIES: u32 = 3;
+/// The first wait before a retry, doubled at each.
 pub const DEFAULT_BACKOFF: Duration = Duration::from_millis(100);
+/// Likeliest tokens the server returns per verified position.
 pub const DEFAULT_TOP_N: usize = 64;
 
 impl RemoteOptions {

@@ -80,12 +80,17 @@ pub struct ModelBuffer {
     written: usize,
 }
 
-/// Room for a file of `len` bytes (refused cleanly when memory cannot hold it).
-fn file_room(len: f64) -> Result<Vec<u8>, JsValue> {
-    if !(len.is_finite() && len > 0.0 && len <= MAX_MODEL_BYTES) {
+/// Room for a file of `len` bytes beside the `held` bytes of a split model's earlier parts
+/// (refused cleanly when memory cannot hold the model, before its next part downloads).
+fn file_room(len: f64, held: usize) -> Result<Vec<u8>, JsValue> {
+    if !(len.is_finite() && len > 0.0 && held as f64 + len <= MAX_MODEL_BYTES) {
         return Err(js_error_with(
             ErrorCode::BadModel,
-            &format!("a model file of {len} bytes cannot be held in wasm memory (1 byte to {} GiB)", MAX_MODEL_BYTES / (1u64 << 30) as f64),
+            &format!(
+                "a model of {} bytes cannot be held in wasm memory (1 byte to {} GiB)",
+                held as f64 + len,
+                MAX_MODEL_BYTES / (1u64 << 30) as f64
+            ),
         ));
     }
     let mut data = Vec::new();
@@ -101,14 +106,15 @@ impl ModelBuffer {
     #[wasm_bindgen(constructor)]
     pub fn new(len: f64, name: Option<String>) -> Result<ModelBuffer, JsValue> {
         let name = name.unwrap_or_else(|| "the model file".into());
-        Ok(ModelBuffer { files: vec![(name, file_room(len)?)], written: 0 })
+        Ok(ModelBuffer { files: vec![(name, file_room(len, 0)?)], written: 0 })
     }
 
     /// The next part of a split model, once the previous one is whole.
     #[wasm_bindgen(js_name = nextPart)]
     pub fn next_part(&mut self, len: f64, name: String) -> Result<(), JsValue> {
         self.check_whole()?;
-        self.files.push((name, file_room(len)?));
+        let held = self.files.iter().map(|(_, data)| data.len()).sum();
+        self.files.push((name, file_room(len, held)?));
         self.written = 0;
         Ok(())
     }

@@ -444,7 +444,7 @@ pub(crate) fn out_of_step() -> Error {
 }
 
 /// One draft worker serving SD and SSD alike (in the browser, one copy of the draft model in its
-/// Web Worker): a generation holds it for its whole length.
+/// Web Worker): SSD holds it for a whole generation, SD for each job and its reply.
 #[derive(Clone)]
 pub struct SharedWorker {
     worker: Rc<Mutex<DraftWorker>>,
