@@ -15,9 +15,9 @@ var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 
 @compute @workgroup_size(64)
-fn argmax(inv: Invocation) {
-    let t = inv.t;
-    let row = workgroup_index(inv);
+fn argmax(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let t = tid;
+    let row = workgroup_index(wg);
     if (row >= p.rows) {
         return;
     }

@@ -51,8 +51,8 @@ const NEG: f32 = -3.0e38;
 
 // K and V of each batch row into the row's cache slot; one thread per cache block.
 @compute @workgroup_size(64)
-fn kv_write(inv: Invocation) {
-    let i = global_index(inv, 64u);
+fn kv_write(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let i = global_index(wg, tid, 64u);
     let blocks = p.kv_stride / KV_BLOCK;
     if (i >= p.m * blocks) {
         return;
@@ -98,11 +98,11 @@ fn attends(r: u32, j: u32, lo: u32, r0: u32) -> bool {
 // the WG weights of each query into its running sum and into the output dimensions it owns.
 // Four barriers per WG slots.
 @compute @workgroup_size(64)
-fn attend(inv: Invocation) {
-    let t = inv.t;
+fn attend(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let t = tid;
     let blocks = (p.m * p.group + QMAX - 1u) / QMAX;
-    let g = workgroup_index(inv) / p.splits;
-    let part = workgroup_index(inv) % p.splits;
+    let g = workgroup_index(wg) / p.splits;
+    let part = workgroup_index(wg) % p.splits;
     let kvh = g / blocks;
     if (kvh >= p.n_heads / p.group) {
         return;
@@ -246,8 +246,8 @@ fn attend(inv: Invocation) {
 // Merges the parts of a split walk; one thread per output value. A lone part's weight is
 // exp(0) = 1, so a row whose slots all fall in one part gets the bits of an unsplit walk.
 @compute @workgroup_size(64)
-fn combine(inv: Invocation) {
-    let i = global_index(inv, 64u);
+fn combine(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let i = global_index(wg, tid, 64u);
     let hd = p.head_dim;
     if (i >= p.m * p.n_heads * hd) {
         return;

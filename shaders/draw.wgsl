@@ -73,9 +73,9 @@ fn ln_race_time(bits: u32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn draw(inv: Invocation) {
-    let t = inv.t;
-    let row = workgroup_index(inv);
+fn draw(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let t = tid;
+    let row = workgroup_index(wg);
     if (row >= p.rows) {
         return;
     }

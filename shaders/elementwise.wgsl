@@ -15,8 +15,8 @@ struct Params {
 
 // out = act(a) * b
 @compute @workgroup_size(256)
-fn glu(inv: Invocation) {
-    let i = global_index(inv, 256u);
+fn glu(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let i = global_index(wg, tid, 256u);
     if (i < p.n) {
         out[i] = gated(a[i], b[i], p.a, p.b);
     }
@@ -24,8 +24,8 @@ fn glu(inv: Invocation) {
 
 // out += a
 @compute @workgroup_size(256)
-fn add_assign(inv: Invocation) {
-    let i = global_index(inv, 256u);
+fn add_assign(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let i = global_index(wg, tid, 256u);
     if (i < p.n) {
         out[i] += a[i];
     }
@@ -33,8 +33,8 @@ fn add_assign(inv: Invocation) {
 
 // out[r, :] = a[rows[r], :]
 @compute @workgroup_size(256)
-fn select_rows(inv: Invocation) {
-    let i = global_index(inv, 256u);
+fn select_rows(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let i = global_index(wg, tid, 256u);
     if (i < p.n) {
         out[i] = a[rows[i / p.cols] * p.cols + i % p.cols];
     }

@@ -17,9 +17,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(64)
-fn embed(inv: Invocation) {
+fn embed(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
     let groups = (p.k + 3u) / 4u;
-    let gid = global_index(inv, 64u);
+    let gid = global_index(wg, tid, 64u);
     let i = gid / groups;
     let c = (gid % groups) * 4u;
     if (i >= p.m) {

@@ -101,9 +101,9 @@ fn store(row: u32, col: u32, s: f32) {
 }
 
 @compute @workgroup_size(WG)
-fn matmul_rows(inv: Invocation) {
-    let t = inv.t;
-    let g = workgroup_index(inv);
+fn matmul_rows(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let t = tid;
+    let g = workgroup_index(wg);
     let row_groups = (p.rows + OUT_ROWS - 1u) / OUT_ROWS;
     let r0 = (g % row_groups) * OUT_ROWS;
     let m0 = (g / row_groups) * MT;
@@ -164,9 +164,9 @@ var<workgroup> xs: array<vec4<f32>, TK * TS / 4u>;
 var<workgroup> ws: array<vec4<f32>, TK * TS / 4u>;
 
 @compute @workgroup_size(64)
-fn matmul_tiled(inv: Invocation) {
-    let t = inv.t;
-    let g = workgroup_index(inv);
+fn matmul_tiled(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let t = tid;
+    let g = workgroup_index(wg);
     let col_tiles = (p.rows + TS - 1u) / TS;
     let n0 = (g % col_tiles) * TS;
     let m0 = (g / col_tiles) * TS;

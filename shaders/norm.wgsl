@@ -15,9 +15,9 @@ const WG: u32 = 64u;
 var<workgroup> partial: array<f32, WG>;
 
 @compute @workgroup_size(64)
-fn rms_norm(inv: Invocation) {
-    let t = inv.t;
-    let row = workgroup_index(inv);
+fn rms_norm(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let t = tid;
+    let row = workgroup_index(wg);
     if (row >= p.rows) {
         return;
     }

@@ -36,8 +36,8 @@ fn rotated(a: f32, b: f32, cs: vec2<f32>) -> vec2<f32> {
 
 // One thread per rotated pair: half pairs per head.
 @compute @workgroup_size(64)
-fn rope(inv: Invocation) {
-    let at = pair_at(global_index(inv, 64u), p.cols);
+fn rope(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let at = pair_at(global_index(wg, tid, 64u), p.cols);
     if (at.x >= 0) {
         let a = u32(at.x);
         let r = rotated(x[a], x[a + p.half], table[at.y]);
@@ -49,8 +49,8 @@ fn rope(inv: Invocation) {
 // `x` (Q) and then `y` (K) in one pass. WGSL passes no storage buffer to a function, so each
 // tensor has its own few lines of loads and stores.
 @compute @workgroup_size(64)
-fn rope_pair(inv: Invocation) {
-    let gid = global_index(inv, 64u);
+fn rope_pair(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let gid = global_index(wg, tid, 64u);
     let x_pairs = p.rows * (p.cols / p.head_dim) * p.half;
     if (gid < x_pairs) {
         let at = pair_at(gid, p.cols);

@@ -87,9 +87,9 @@ fn radix_pass(t: u32, row: u32, shift: u32, on_rank: bool) {
 
 // One workgroup per row.
 @compute @workgroup_size(256)
-fn select_top(inv: Invocation) {
-    let t = inv.t;
-    let row = workgroup_index(inv);
+fn select_top(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let t = tid;
+    let row = workgroup_index(wg);
     if (row >= p.rows) {
         return;
     }

@@ -13,7 +13,7 @@
 //!
 //! An op is one kernel file and one host file. Its WGSL is shaders/`op`.wgsl (the product's
 //! shaders are in one folder), built with shaders/common.wgsl before it: the `Params` binding, the
-//! invocation's ids every entry point takes (`inv: Invocation`) and its indices
+//! workgroup every entry point takes (`wg: Workgroup`, beside its thread's `tid`) and its indices
 //! (`workgroup_index`, `global_index`). Its host file, src/backend/gpu/`op`.rs, declares the
 //! op's [`pipelines::Shader`] (with the shared functions it includes and the snippets it takes)
 //! and the `GpuBackend` method that checks the arguments and records the dispatch. A new op also
