@@ -39,3 +39,17 @@ fn select_rows(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
         out[i] = a[rows[i / p.cols] * p.cols + i % p.cols];
     }
 }
+
+// out[r, c] = -inf where bit c of row r's bitset in `rows` (ceil(cols / 32) words a row) is clear
+@compute @workgroup_size(256)
+fn mask(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
+    let i = global_index(wg, tid, 256u);
+    if (i < p.n) {
+        let r = i / p.cols;
+        let c = i % p.cols;
+        let word = rows[r * ((p.cols + 31u) / 32u) + c / 32u];
+        if (((word >> (c % 32u)) & 1u) == 0u) {
+            out[i] = bitcast<f32>(0xff800000u);
+        }
+    }
+}

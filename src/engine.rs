@@ -9,6 +9,7 @@
 //! copy is freed here.
 
 use futures::future::LocalBoxFuture;
+use std::sync::Arc;
 
 use crate::backend::cpu::{CpuBackend, Precision};
 use crate::backend::{Backend, KvCache};
@@ -18,6 +19,7 @@ use crate::decode::{
     SelfGenerating, SpecConfig, Stats, Strategy,
 };
 use crate::error::{Error, Result};
+use crate::grammar::{Grammar, GrammarSpec, Vocabulary};
 use crate::model::config::ModelConfig;
 use crate::model::load::ModelFile;
 use crate::model::runner::{BoxedLm, Lm, Runner};
@@ -178,6 +180,8 @@ pub struct GenerateOptions {
     /// SD/SSD settings for this call (K, fan-out, ...); default: the engine's. A K whose
     /// speculation needs more draft KV room than the engine was built for is refused.
     pub spec: Option<SpecConfig>,
+    /// What the output must match (a JSON schema, any JSON object, a regex, a Lark grammar).
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl GenerateOptions {
@@ -207,7 +211,7 @@ impl EngineOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { mode: None, max_tokens: DEFAULT_MAX_TOKENS, sampling: SamplingParams::default(), spec: None }
+        GenerateOptions { mode: None, max_tokens: DEFAULT_MAX_TOKENS, sampling: SamplingParams::default(), spec: None, grammar: None }
     }
 }
 
@@ -227,6 +231,8 @@ pub struct Completion {
 /// cancelled generation.
 pub struct Engine {
     tokenizer: Tokenizer,
+    /// The vocabulary as grammars see it, built by the first generation that asks for one.
+    vocabulary: Option<Vocabulary>,
     chat_template: Option<String>,
     target: BoxedLm,
     /// The prepared modes, AR first.
@@ -458,6 +464,7 @@ impl Engine {
             false => None,
         };
         Ok(Engine {
+            vocabulary: None,
             tokenizer,
             chat_template,
             target: target_lm,
@@ -501,6 +508,7 @@ impl Engine {
             false => None,
         };
         Ok(Engine {
+            vocabulary: None,
             tokenizer: draft.tokenizer,
             chat_template: draft.chat_template,
             target: target_lm,
@@ -700,11 +708,13 @@ impl Engine {
             Some(s) => s.clone(),
         };
         let auto = auto.is_some();
+        let grammar = opts.grammar.as_ref().map(|spec| self.compile(spec)).transpose()?;
         let req = Request {
             prompt: ids,
             max_tokens: opts.max_tokens,
             sampling: opts.sampling,
             stop: self.tokenizer.eos_ids().to_vec(),
+            grammar,
             ..Request::default()
         };
         let mut stream = StreamDecoder::new(&self.tokenizer);
@@ -755,6 +765,15 @@ impl Engine {
             finish: g.finish,
             stats: g.stats,
         })
+    }
+
+    /// Compile `spec` against the target's vocabulary (built on first use).
+    pub fn compile(&mut self, spec: &GrammarSpec) -> Result<Arc<Grammar>> {
+        let vocabulary = match &mut self.vocabulary {
+            Some(v) => v,
+            v => v.insert(Vocabulary::new(&self.tokenizer, self.target.config().vocab_size)?),
+        };
+        Ok(Arc::new(vocabulary.compile(spec)?))
     }
 
     /// Refine the choice of mode with what a generation by strategy `at` measured: its pace per

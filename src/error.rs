@@ -23,6 +23,9 @@ pub enum Error {
     IncompatibleDraft(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A JSON schema, regex or grammar that cannot be compiled, or that the output cannot follow.
+    #[error("invalid grammar: {0}")]
+    InvalidGrammar(String),
     /// A request or engine setting outside its valid range. `option` is its name in snake_case;
     /// each front-end spells it its own way (the CLI's `--top-p`, the JS API's `topP`).
     #[error("invalid {option}: {reason}")]
@@ -70,6 +73,8 @@ pub enum ErrorCode {
     OutOfMemory,
     /// An option or argument out of its range, or a call the engine's state does not allow.
     InvalidArgument,
+    /// A JSON schema, regex or grammar the engine cannot compile or follow.
+    InvalidGrammar,
     /// The generation was stopped by its caller.
     Aborted,
     GpuError,
@@ -98,6 +103,7 @@ impl Error {
             | Error::InvalidOption { .. }
             | Error::ContextOverflow { .. }
             | Error::PromptTooLong { .. } => ErrorCode::InvalidArgument,
+            Error::InvalidGrammar(_) => ErrorCode::InvalidGrammar,
             Error::Cancelled => ErrorCode::Aborted,
             Error::Gpu(_) => ErrorCode::GpuError,
             Error::DeviceLost(_) => ErrorCode::DeviceLost,

@@ -12,6 +12,7 @@ pub mod contract;
 pub mod decode;
 pub mod engine;
 pub mod error;
+pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod remote;

@@ -134,6 +134,7 @@ fn a_tree_deeper_than_the_sliding_window_is_refused() {
         positions: vec![10 + depth],
         slots: vec![40],
         mask: Mask { prefix: vec![10], extra_stride: 2, extra: vec![30, NO_SLOT] },
+        allowed: None,
     };
     block_on(lm.logits(&Batch::causal(&[7; 10], 0), &[9])).unwrap();
     block_on(lm.logits(&Batch::causal(&[8], 30), &[0])).unwrap();

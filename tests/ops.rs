@@ -747,6 +747,7 @@ fn tree_step<B: Backend>(b: &B, tol: &Tol, shape: AttnShape, seed: u64) {
         positions: vec![70, 71, 71, 72, 72],
         slots: (80..85).collect(),
         mask: Mask { prefix: vec![70, 70, 65, 0, 70], extra_stride: stride, extra },
+        allowed: None,
     };
     a.run(&batch, "tree step");
 }

@@ -4,9 +4,11 @@
 pub mod cpu;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+mod allowed;
 mod bench;
 pub mod draw;
 
+pub use allowed::Allowed;
 pub use draw::{Draw, Drawn, SparseDist};
 pub use bench::{bench_kernels, random_weight, BenchOptions, KernelBench, WeightsIn};
 
@@ -31,13 +33,14 @@ pub struct Mask {
 
 /// One forward's input: `tokens[r]` at rope position `positions[r]`, writing its K/V to cache slot
 /// `slots[r]`, attending as `mask` says. Prefill, decode, verification and SSD tree steps are all
-/// one of these.
+/// one of these. Where `allowed` is given (a grammar's masks), it holds one row per output row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub tokens: Vec<u32>,
     pub positions: Vec<u32>,
     pub slots: Vec<u32>,
     pub mask: Mask,
+    pub allowed: Option<std::sync::Arc<Allowed>>,
 }
 
 impl Batch {
@@ -49,6 +52,7 @@ impl Batch {
             mask: Mask { prefix: idx.iter().map(|s| s + 1).collect(), extra_stride: 0, extra: vec![] },
             positions: idx.clone(),
             slots: idx,
+            allowed: None,
         }
     }
 
@@ -410,6 +414,8 @@ pub trait Backend {
     fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()>;
     /// The given rows of `x`, in order.
     fn select_rows(&self, x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor>;
+    /// Set each row's values at the columns `allowed` does not allow to -inf.
+    fn mask(&self, x: &mut Self::Tensor, allowed: &Allowed) -> Result<()>;
 
     /// The tensor's values, row-major.
     fn read(&self, x: &Self::Tensor) -> impl Future<Output = Result<Vec<f32>>>;

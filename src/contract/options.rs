@@ -1,6 +1,7 @@
 //! The JS API's option objects (camelCase, every field optional) and their checks: a wrong value
 //! is an [`Invalid`] that names the option (in JS an `invalid_argument` error).
 
+use crate::grammar::GrammarSpec;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -238,6 +239,49 @@ pub struct GenerateOpts {
     /// Wrap a string prompt as a user message in the model's chat template.
     #[cfg_attr(test, ts(optional = nullable))]
     pub chat: bool,
+    /// The output's format, as OpenAI's API takes it: `{ type: 'json_object' }` (any JSON
+    /// object), `{ type: 'json_schema', json_schema: { name, schema, strict } }`, or
+    /// `{ type: 'text' }` (the default: free text).
+    response_format: Option<ResponseFormat>,
+    /// A Lark grammar (llguidance's dialect) the output matches.
+    grammar: Option<String>,
+    /// A regular expression the whole output matches.
+    regex: Option<String>,
+}
+
+/// OpenAI's `response_format`.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+/// A JSON schema as OpenAI's `response_format` names it.
+#[derive(Deserialize)]
+// `name` and `strict` are taken so that OpenAI's requests pass; neither changes what is generated.
+#[allow(dead_code)]
+#[cfg_attr(test, derive(ts_rs::TS), ts(optional_fields))]
+pub struct JsonSchemaFormat {
+    /// What the schema is called (OpenAI requires one; it is not used here).
+    pub name: Option<String>,
+    #[cfg_attr(test, ts(type = "Record<string, unknown>"))]
+    pub schema: serde_json::Value,
+    /// The output always follows the schema here: `false` is taken as `true`.
+    pub strict: Option<bool>,
+}
+
+impl ResponseFormat {
+    /// The grammar it asks for; `None` for free text.
+    pub fn grammar(&self) -> Option<GrammarSpec> {
+        match self {
+            ResponseFormat::Text => None,
+            ResponseFormat::JsonObject => Some(GrammarSpec::JsonObject),
+            ResponseFormat::JsonSchema { json_schema } => Some(GrammarSpec::JsonSchema(json_schema.schema.clone())),
+        }
+    }
 }
 
 impl GenerateOpts {
@@ -259,7 +303,17 @@ impl GenerateOpts {
             (None, None) => None,
             (k, f) => Some(spec(k, f.as_deref(), None)?),
         };
-        Ok(GenerateOptions { mode, max_tokens, sampling, spec })
+        let grammars = [
+            self.response_format.as_ref().and_then(ResponseFormat::grammar),
+            self.grammar.clone().map(GrammarSpec::Lark),
+            self.regex.clone().map(GrammarSpec::Regex),
+        ];
+        let mut given = grammars.into_iter().flatten();
+        let grammar = given.next();
+        if given.next().is_some() {
+            return Err(Invalid("responseFormat, grammar, regex: give at most one".into()));
+        }
+        Ok(GenerateOptions { mode, max_tokens, sampling, spec, grammar })
     }
 }
 

@@ -6,12 +6,12 @@ use futures::future::LocalBoxFuture;
 
 use super::generation::output::{Generation, Sink};
 use super::generation::request::Request;
-use super::generation::session::prefill;
-use super::generation::target_rows::sample_next;
+use super::generation::session::{next_mask, prefill};
+use super::generation::target_rows::pick_next;
 use super::strategy::Mode;
 use super::strategy::{Placement, Run, SelfGenerating, Strategy};
 use crate::error::Result;
-use crate::model::runner::{append, Lm, Want};
+use crate::model::runner::{append_masked, Lm, Want};
 
 /// AR as the engine holds it: on the target, or on the server that is the target.
 pub struct Autoregressive {
@@ -46,18 +46,29 @@ impl Strategy for Autoregressive {
     }
 }
 
+/// AR of `req` on `target`. Tokens a grammar forces join the output without a forward of their
+/// own: the next forward runs them with the token before them.
 pub async fn generate_ar(target: &mut dyn Lm, req: &Request, sink: Sink<'_>) -> Result<Generation> {
     let room = req.validate(target, 0)?;
-    let mut run = prefill(target, req, Mode::Ar.name()).await?.decode(req, room, sink);
-    let mut next = run.first;
+    let mut run = prefill(target, req, Mode::Ar.name()).await?.decode(req, room, sink)?;
+    let mut pending = vec![run.first];
     while !run.out.done() {
-        next = if req.sampling.is_greedy() {
-            append(target, &[next], Want::AllArgmax).await?.argmax()[0]
+        while let Some(t) = run.out.push_forced()? {
+            pending.push(t);
+        }
+        if run.out.done() {
+            break;
+        }
+        let next = if req.sampling.is_greedy() {
+            let allowed = next_mask(&mut run.out, pending.len())?;
+            *append_masked(target, &pending, Want::AllArgmax, allowed).await?.argmax().last().expect("a row per token")
         } else {
-            sample_next(target, &[next], &req.sampling, &mut run.rng).await?
+            let allowed = next_mask(&mut run.out, 1)?;
+            pick_next(target, &pending, &req.sampling, &mut run.rng, allowed).await?
         };
         run.stats.rounds += 1;
-        run.out.push(&[next]);
+        run.out.push(&[next])?;
+        pending = vec![next];
     }
     Ok(run.finish(|stats| stats.target_busy_ms = stats.decode_ms))
 }

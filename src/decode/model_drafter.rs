@@ -8,6 +8,7 @@ use super::generation::costs::DraftCosts;
 use super::generation::request::{context_of, Request};
 use super::speculation::{DraftKv, DraftLm, DraftTiming, Drafter, Drafting, Proposal, SpecConfig, PRIOR_ACCEPTANCE};
 use crate::error::Result;
+use crate::grammar::Constraint;
 use crate::sampling::{Rng, SamplingParams};
 
 /// A draft model drafting autoregressively for SD: borrowed for one generation
@@ -47,7 +48,21 @@ impl<M: DraftLm> Drafter for ModelDrafter<M> {
     ) -> LocalBoxFuture<'a, Result<Proposal>> {
         Box::pin(async move {
             let mut drafting = Drafting { params, rng, saguaro: None, candidates: self.candidates };
-            self.kv.draft(rec, n, self.confidence, &mut drafting).await
+            self.kv.draft(rec, n, self.confidence, &mut drafting, None).await
+        })
+    }
+
+    fn propose_under<'a>(
+        &'a mut self,
+        rec: u32,
+        n: usize,
+        params: &'a SamplingParams,
+        rng: &'a mut Rng,
+        grammar: &'a mut Constraint,
+    ) -> LocalBoxFuture<'a, Result<Proposal>> {
+        Box::pin(async move {
+            let mut drafting = Drafting { params, rng, saguaro: None, candidates: self.candidates };
+            self.kv.draft(rec, n, self.confidence, &mut drafting, Some(grammar)).await
         })
     }
 

@@ -13,7 +13,7 @@ use futures::future::LocalBoxFuture;
 use super::generation::costs::{Choice, Costs};
 use super::generation::output::{Generation, Sink};
 use super::generation::request::Request;
-use super::generation::session::{prefill, Decoding};
+use super::generation::session::{constrain, prefill, Decoding};
 use super::strategy::Mode;
 use super::model_drafter::ModelDrafter;
 use super::ngram::PromptLookup;
@@ -110,7 +110,7 @@ pub async fn generate_sd_with(
     let room = req.speculative_room(target_room, drafter.room(req))?;
     let first = prefill(target, req, Mode::Sd.name()).await?;
     drafter.start(req, spec).await?;
-    let run = first.decode(req, room, sink);
+    let run = first.decode(req, room, sink)?;
     let mut sd = Sd {
         target,
         drafter,
@@ -154,11 +154,16 @@ impl Sd<'_> {
         // The bonus token always follows the proposal, so it may take one token less than remains.
         let n = self.k.min(self.run.out.remaining() - 1);
         let params = &self.req.sampling;
-        let (proposal, draft_span) = timed(self.drafter.propose(rec, n, params, &mut self.drng)).await?;
-        let verifying = verify(&mut *self.target, rec, &proposal, params, &mut self.run.rng, self.spec.fault);
+        let proposing = match &mut self.run.out.grammar {
+            Some(g) => self.drafter.propose_under(rec, n, params, &mut self.drng, g),
+            None => self.drafter.propose(rec, n, params, &mut self.drng),
+        };
+        let (mut proposal, draft_span) = timed(proposing).await?;
+        let allowed = constrain(&mut self.run, &mut proposal)?;
+        let verifying = verify(&mut *self.target, rec, &proposal, params, &mut self.run.rng, self.spec.fault, allowed);
         let (outcome, verify_span) = timed(verifying).await?;
         self.drafter.accept(&proposal, outcome.accepted);
-        let committed = self.run.out.push(&outcome.committed(&proposal));
+        let committed = self.run.out.push(&outcome.committed(&proposal))?;
         self.tally.round(proposal.tokens.len(), outcome, committed, verify_span, Some(draft_span), None);
         self.draft_ms += draft_span.ms();
         if let Some(adapt) = &self.spec.adapt {

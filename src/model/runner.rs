@@ -3,7 +3,9 @@
 
 use futures::future::LocalBoxFuture;
 
-use crate::backend::{check_top_k, draw, Backend, Batch, Draw, Drawn, TopK, NO_SLOT};
+use std::sync::Arc;
+
+use crate::backend::{check_top_k, draw, Allowed, Backend, Batch, Draw, Drawn, TopK, NO_SLOT};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::config::ModelConfig;
@@ -184,6 +186,11 @@ impl Output {
 
 /// Append `tokens` causally at the end of the committed sequence and commit them.
 pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want<'_>) -> Result<Output> {
+    append_masked(lm, tokens, want, None).await
+}
+
+/// [`append`], each output row masked by its row of `allowed` (a grammar's).
+pub async fn append_masked(lm: &mut dyn Lm, tokens: &[u32], want: Want<'_>, allowed: Option<Arc<Allowed>>) -> Result<Output> {
     if tokens.is_empty() {
         return Err(Error::InvalidArgument("no tokens to run".into()));
     }
@@ -191,7 +198,7 @@ pub async fn append(lm: &mut dyn Lm, tokens: &[u32], want: Want<'_>) -> Result<O
     if start + tokens.len() > lm.capacity() {
         return Err(Error::ContextOverflow { prompt: start, requested: tokens.len(), context: lm.capacity() });
     }
-    let batch = Batch::causal(tokens, start);
+    let batch = Batch { allowed, ..Batch::causal(tokens, start) };
     let n = tokens.len() as u32;
     let out = match want {
         Want::LastLogits => Output::Logits(lm.logits(&batch, &[n - 1]).await?),
@@ -333,7 +340,23 @@ impl<B: Backend> Runner<B> {
                 context: self.cache.capacity(),
             });
         }
-        self.model.forward(&mut self.cache.store, batch, out_rows)
+        let mut logits = self.model.forward(&mut self.cache.store, batch, out_rows)?;
+        if let Some(allowed) = &batch.allowed {
+            if allowed.rows() != out_rows.len() || allowed.cols() != self.model.config.vocab_size {
+                return Err(Error::InvalidArgument(format!(
+                    "{} masks over {} tokens for {} output rows over {}",
+                    allowed.rows(),
+                    allowed.cols(),
+                    out_rows.len(),
+                    self.model.config.vocab_size
+                )));
+            }
+            match self.model.head_tokens() {
+                Some(tokens) => self.model.backend.mask(&mut logits, &allowed.for_head(tokens))?,
+                None => self.model.backend.mask(&mut logits, allowed)?,
+            }
+        }
+        Ok(logits)
     }
 
     /// A forward's logits, over the whole vocabulary.

@@ -203,6 +203,9 @@ impl RemoteTarget {
     /// arrived: streamed tokens cannot be taken back.
     pub async fn generate_on_server(&mut self, req: &Request, sink: Sink<'_>) -> Result<Generation> {
         let room = req.validate(self, 0)?;
+        if req.grammar.is_some() {
+            return Err(Error::InvalidArgument("a server target generating on its own takes no grammar here: send it to the server's own API".into()));
+        }
         let p = &req.sampling;
         let wire = GenerateRequest {
             input_ids: req.prompt.clone(),
@@ -225,7 +228,7 @@ impl RemoteTarget {
         let limit = (64 * 1024 + wire.sampling_params.max_new_tokens * 512) as u64;
         let url = format!("{}/generate", self.opts.url);
         let t = Instant::now();
-        let mut events = Events::new(Output::new(req, room, sink), self.config.vocab_size);
+        let mut events = Events::new(Output::new(req, room, sink, None), self.config.vocab_size);
         let mut backoff = Backoff::new(&self.opts);
         let failure = loop {
             let on_piece = &mut |piece: &[u8]| events.feed(piece);
@@ -467,7 +470,8 @@ impl<'a> Events<'a> {
             return;
         }
         self.seen += new.len();
-        self.out.push(new);
+        // Without a grammar (refused above) committing cannot fail.
+        let _ = self.out.push(new);
         self.meta = Some(resp.meta_info);
     }
 }
@@ -478,7 +482,9 @@ fn check_causal(batch: &Batch, len: usize) -> Result<()> {
     let causal = !batch.is_empty()
         && batch.mask.extra.is_empty()
         && batch.positions.iter().enumerate().all(|(i, &p)| p as usize == len + i && batch.mask.prefix[i] == p + 1);
-    if causal {
+    if batch.allowed.is_some() {
+        Err(Error::InvalidArgument("a remote target does not take a grammar's masks: constrain the generation on the server".into()))
+    } else if causal {
         Ok(())
     } else {
         Err(Error::Unsupported("a remote target runs only causal batches at the end of its sequence".into()))
@@ -554,7 +560,7 @@ mod tests {
             seen.extend_from_slice(t);
             true
         };
-        let mut e = Events::new(Output::new(&req, 16, &mut sink), 100);
+        let mut e = Events::new(Output::new(&req, 16, &mut sink, None), 100);
         let body = events.concat() + "data: [DONE]\n\n";
         for piece in body.as_bytes().chunks(cut) {
             if !e.feed(piece) {

@@ -11,6 +11,7 @@ use std::future::{ready, Future};
 
 use crate::backend::draw::{self, Draw, Drawn};
 use crate::backend::{
+    Allowed,
     all_ok, check_attention, check_top_k, rope_table, shape_check, Activation, AttnShape, Backend, Batch, CacheDims, Rope,
     TopK,
 };
@@ -259,6 +260,12 @@ impl Backend for CpuBackend {
         shape_check(rows.iter().all(|&r| (r as usize) < x.rows), "select_rows")?;
         let data = rows.iter().flat_map(|&r| x.row(r as usize).iter().copied()).collect();
         Ok(Tensor::new(rows.len(), x.cols, data))
+    }
+
+    fn mask(&self, x: &mut Tensor, allowed: &Allowed) -> Result<()> {
+        shape_check(allowed.rows() == x.rows && allowed.cols() == x.cols, "mask")?;
+        allowed.apply(&mut x.data);
+        Ok(())
     }
 
     fn read(&self, x: &Tensor) -> impl Future<Output = Result<Vec<f32>>> {

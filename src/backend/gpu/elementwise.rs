@@ -1,6 +1,6 @@
-//! Gated activations, residual add and row selection.
+//! Gated activations, residual add, row selection and a grammar's token masks.
 
-use crate::backend::Activation;
+use crate::backend::{Activation, Allowed};
 use crate::error::Result;
 
 use super::buffers::Meta;
@@ -41,5 +41,16 @@ impl GpuBackend {
             groups(n, 256)?,
         )?;
         Ok(out)
+    }
+
+    /// The bitsets go up as they are (a row of Qwen's vocabulary: 19 KB); only the masked
+    /// logits stay, on the device.
+    pub(super) fn mask_rows(&self, x: &mut Tensor, allowed: &Allowed) -> Result<()> {
+        shape_check(allowed.rows() == x.rows && allowed.cols() == x.cols, "mask")?;
+        let bits: Vec<u8> = allowed.bits().iter().flat_map(|w| w.to_le_bytes()).collect();
+        let bits = Tensor { buf: self.pool.upload(&self.device, &bits)?, rows: x.rows, cols: allowed.words() };
+        let n = x.rows * x.cols;
+        let kernel = self.kernel(&ELEMENTWISE, "mask", &[])?;
+        self.dispatch(&kernel, &[n as u32, x.cols as u32, 0, 0], &[bits.bind(3), x.bind(4)], groups(n, 256)?)
     }
 }

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{all_ok, shape_check, Activation, AttnShape, Backend, Batch, Draw, Drawn, KvCache, Rope, TopK};
+use crate::backend::{all_ok, shape_check, Activation, Allowed, AttnShape, Backend, Batch, Draw, Drawn, KvCache, Rope, TopK};
 use crate::error::{Error, Result};
 use crate::storage::Weight as HostWeight;
 
@@ -371,6 +371,10 @@ impl Backend for GpuBackend {
 
     fn select_rows(&self, x: &Tensor, rows: &[u32]) -> Result<Tensor> {
         self.gather_rows(x, rows)
+    }
+
+    fn mask(&self, x: &mut Tensor, allowed: &Allowed) -> Result<()> {
+        self.mask_rows(x, allowed)
     }
 
     fn read(&self, x: &Tensor) -> impl Future<Output = Result<Vec<f32>>> {

@@ -15,7 +15,7 @@ use futures::executor::block_on;
 use saguaro::engine::{Completion, GenerateOptions, Prompt};
 use saguaro::model::tokenizer::ChatMessage;
 use saguaro::{Error, Result};
-use setup::{EngineArgs, ModeArg, SamplingArgs};
+use setup::{EngineArgs, GrammarArgs, ModeArg, SamplingArgs};
 
 #[derive(Parser)]
 #[command(
@@ -76,6 +76,8 @@ struct GenerateArgs {
     /// Print one JSON object {text, tokens, prompt_tokens, finish, stats} instead of streaming text.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    grammar: GrammarArgs,
 }
 
 fn prompt_text(args: &GenerateArgs) -> Result<String> {
@@ -93,6 +95,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
         max_tokens: args.sampling.max_tokens,
         sampling: args.sampling.params(),
         spec: args.engine.fixed_spec(),
+        grammar: args.grammar.spec()?,
     };
     // Checked before the models load, so a bad value is reported at once.
     opts.validate()?;

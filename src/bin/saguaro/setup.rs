@@ -14,6 +14,7 @@ use saguaro::backend::cpu::Precision;
 use saguaro::backend::KvCache;
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
 use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES};
+use saguaro::grammar::GrammarSpec;
 use saguaro::engine::{Device, Engine, EngineOptions, DEFAULT_CONTEXT, DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT, DEFAULT_MAX_TOKENS};
 use saguaro::storage::quant::DType;
 use saguaro::model::slim::check_quant;
@@ -254,6 +255,44 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     pub fn params(&self) -> SamplingParams {
         SamplingParams { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p, seed: self.seed }
+    }
+}
+
+/// Structured output: at most one of these holds the output to a format (docs/structured-output.md).
+#[derive(Args)]
+pub struct GrammarArgs {
+    /// Hold the output to a JSON Schema: a file holding it, or the schema itself as JSON.
+    #[arg(long, value_name = "FILE_OR_JSON", group = "constraint")]
+    pub json_schema: Option<String>,
+    /// Hold the output to any JSON object (`--json` names the output's own format).
+    #[arg(long, group = "constraint")]
+    pub json_object: bool,
+    /// Hold the whole output to a regular expression.
+    #[arg(long, value_name = "R", group = "constraint")]
+    pub regex: Option<String>,
+    /// Hold the output to a Lark grammar (llguidance's dialect) read from FILE.
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    pub grammar: Option<PathBuf>,
+}
+
+impl GrammarArgs {
+    pub fn spec(&self) -> Result<Option<GrammarSpec>> {
+        let read = |path: &Path| std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source });
+        if let Some(s) = &self.json_schema {
+            let text = match s.trim_start().starts_with('{') {
+                true => s.clone(),
+                false => read(Path::new(s))?,
+            };
+            let schema = serde_json::from_str(&text).map_err(|e| Error::InvalidGrammar(format!("JSON schema: not JSON: {e}")))?;
+            return Ok(Some(GrammarSpec::JsonSchema(schema)));
+        }
+        if self.json_object {
+            return Ok(Some(GrammarSpec::JsonObject));
+        }
+        if let Some(r) = &self.regex {
+            return Ok(Some(GrammarSpec::Regex(r.clone())));
+        }
+        self.grammar.as_deref().map(|p| read(p).map(GrammarSpec::Lark)).transpose()
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::grammar::Grammar;
 use crate::model::config::ModelConfig;
 use crate::model::runner::Lm;
 use crate::sampling::SamplingParams;
@@ -22,6 +23,11 @@ pub struct Request {
     /// with a token of its own, and the target's side stops the generation within the round.
     #[serde(skip)]
     pub cancel: CancelToken,
+    /// What the output must match: every mode masks each position with it. It stays on the
+    /// target's side: a draft elsewhere (a Web Worker, a server) drafts without it, and its
+    /// proposals are cut at the first token the grammar refuses.
+    #[serde(skip)]
+    pub grammar: Option<Arc<Grammar>>,
 }
 
 /// A handle that stops a generation: checked once per round by every strategy, and by the SSD

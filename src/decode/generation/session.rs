@@ -3,16 +3,22 @@
 
 use web_time::Instant;
 
-use super::target_rows::sample_next;
+use std::sync::Arc;
+
+use super::target_rows::pick_next;
 use super::output::{Generation, Output, Sink};
 use super::request::Request;
 use super::stats::{elapsed_ms, Stats};
+use crate::backend::Allowed;
+use crate::decode::speculation::Proposal;
 use crate::error::Result;
-use crate::model::runner::{append, Lm, Want};
+use crate::grammar::Constraint;
+use crate::model::runner::Lm;
 use crate::sampling::Rng;
 
 /// A generation whose prompt the target has read.
 pub(crate) struct Prefill {
+    grammar: Option<Constraint>,
     rng: Rng,
     stats: Stats,
     first: u32,
@@ -26,24 +32,43 @@ pub(crate) async fn prefill(target: &mut dyn Lm, req: &Request, mode: &str) -> R
     let mut rng = Rng::new(req.sampling.seed);
     let stats = Stats { mode: mode.into(), prompt_tokens: req.prompt.len(), ..Stats::default() };
     let started = Instant::now();
-    let first = if req.sampling.is_greedy() {
-        append(target, &req.prompt, Want::LastTopK { k: 1, temperature: 1.0 }).await?.top_k().ids[0]
-    } else {
-        sample_next(target, &req.prompt, &req.sampling, &mut rng).await?
-    };
-    Ok(Prefill { rng, stats, first, started })
+    let mut grammar = req.grammar.as_ref().map(|g| g.start(&req.stop));
+    let allowed = grammar.as_mut().map(|g| g.allowed().map(|row| last_row(g, &row, 1))).transpose()?;
+    let first = pick_next(target, &req.prompt, &req.sampling, &mut rng, allowed).await?;
+    Ok(Prefill { grammar, rng, stats, first, started })
 }
 
 impl Prefill {
     /// The prefill phase is over (with whatever draft work belongs to it): decoding begins, the
     /// first token committed, with `room` tokens of context after the prompt.
-    pub fn decode<'a>(self, req: &'a Request, room: usize, sink: Sink<'a>) -> Decoding<'a> {
+    pub fn decode<'a>(self, req: &'a Request, room: usize, sink: Sink<'a>) -> Result<Decoding<'a>> {
         let mut stats = self.stats;
         stats.prefill_ms = elapsed_ms(self.started);
-        let mut out = Output::new(req, room, sink);
-        out.push(&[self.first]);
-        Decoding { out, rng: self.rng, stats, started: Instant::now(), first: self.first }
+        let mut out = Output::new(req, room, sink, self.grammar);
+        out.push(&[self.first])?;
+        Ok(Decoding { out, rng: self.rng, stats, started: Instant::now(), first: self.first })
     }
+}
+
+/// Under a grammar, cut `proposal` at the first token it refuses, and return the masks of the
+/// rows that verify the rest.
+pub(crate) fn constrain(run: &mut Decoding<'_>, proposal: &mut Proposal) -> Result<Option<Arc<Allowed>>> {
+    let Some((valid, rows)) = run.out.masks_along(&proposal.tokens)? else { return Ok(None) };
+    proposal.truncate(valid);
+    Ok(Some(rows))
+}
+
+/// Masks for `rows` output rows of which only the last picks a token, where a grammar
+/// constrains it: that row masked for the next position, the rows before it left whole.
+pub(crate) fn next_mask(out: &mut Output<'_>, rows: usize) -> Result<Option<Arc<Allowed>>> {
+    out.grammar.as_mut().map(|g| g.allowed().map(|row| last_row(g, &row, rows))).transpose()
+}
+
+fn last_row(g: &Constraint, row: &[u32], rows: usize) -> Arc<Allowed> {
+    let mut a = Allowed::new(g.cols());
+    (1..rows).for_each(|_| a.push_all());
+    a.push(row);
+    Arc::new(a)
 }
 
 /// A generation after its prefill.

@@ -48,6 +48,9 @@ pub struct Stats {
     /// With a target on a server: what its requests cost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteStats>,
+    /// With a grammar: the tokens it forced and what its masks cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<crate::grammar::GrammarStats>,
 }
 
 /// What talking to a server target cost, over the requests since its counters were last taken.

@@ -12,9 +12,11 @@
 //! A backend in host memory ([`crate::backend::Backend::host_memory`], the CPU's) hands its rows
 //! over whole in place of a top-k: there the row costs less than finding its top-k.
 
-use crate::backend::{Batch, TopK, MAX_TOP_K};
+use std::sync::Arc;
+
+use crate::backend::{Allowed, Batch, TopK, MAX_TOP_K};
 use crate::error::Result;
-use crate::model::runner::{append, Lm, Output, Want};
+use crate::model::runner::{append_masked, Lm, Output, Want};
 use crate::sampling::{self, Rng, SamplingParams};
 
 pub(crate) enum Rows {
@@ -57,11 +59,22 @@ fn tells(top: &TopK, vocab: usize, params: &SamplingParams) -> bool {
         })
 }
 
-/// Append `tokens` to `lm` and sample the token that follows them.
-pub(crate) async fn sample_next(lm: &mut dyn Lm, tokens: &[u32], params: &SamplingParams, rng: &mut Rng) -> Result<u32> {
+/// Append `tokens` to `lm` and pick the token that follows them (its argmax when greedy), among
+/// the tokens `allowed` allows where a grammar constrains the pick.
+pub(crate) async fn pick_next(
+    lm: &mut dyn Lm,
+    tokens: &[u32],
+    params: &SamplingParams,
+    rng: &mut Rng,
+    allowed: Option<Arc<Allowed>>,
+) -> Result<u32> {
+    if params.is_greedy() {
+        let want = Want::LastTopK { k: 1, temperature: 1.0 };
+        return Ok(append_masked(lm, tokens, want, allowed).await?.top_k().ids[0]);
+    }
     if drawn_on_backend(params) {
         let want = Want::LastDraw { temperature: params.temperature, seed: rng.next_u64() };
-        return Ok(append(lm, tokens, want).await?.drawn().token);
+        return Ok(append_masked(lm, tokens, want, allowed).await?.drawn().token);
     }
     let vocab = lm.config().vocab_size;
     let enough = |top: &TopK| tells(top, vocab, params);
@@ -69,7 +82,7 @@ pub(crate) async fn sample_next(lm: &mut dyn Lm, tokens: &[u32], params: &Sampli
         Some(k) => Want::LastTopKOrLogits { k, temperature: params.temperature, enough: &enough },
         None => Want::LastLogits,
     };
-    let rows = Rows::from(append(lm, tokens, want).await?);
+    let rows = Rows::from(append_masked(lm, tokens, want, allowed).await?);
     Ok(sampling::sample(&rows.probs(0, vocab, params), rng))
 }
 

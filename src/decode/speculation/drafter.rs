@@ -10,6 +10,7 @@ use super::config::SpecConfig;
 use crate::decode::generation::costs::DraftCosts;
 use crate::decode::generation::request::Request;
 use crate::error::Result;
+use crate::grammar::Constraint;
 use crate::sampling::{self, Rng, SamplingParams};
 
 /// Draft tokens and, when sampling, the distribution (over the whole vocabulary) each one was
@@ -19,6 +20,14 @@ pub struct Proposal {
     pub tokens: Vec<u32>,
     /// Empty when greedy.
     pub q: Vec<Vec<f32>>,
+}
+
+impl Proposal {
+    /// Keep the first `n` tokens (and their distributions).
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+        self.q.truncate(n);
+    }
 }
 
 /// Per-token acceptance assumed for a draft model before any generation has measured it: a
@@ -51,6 +60,19 @@ pub trait Drafter {
         params: &'a SamplingParams,
         rng: &'a mut Rng,
     ) -> LocalBoxFuture<'a, Result<Proposal>>;
+    /// [`Drafter::propose`] under `grammar` (walked along the output so far, and left there):
+    /// a drafter that runs here drafts only tokens it allows; by default the grammar is left to
+    /// the caller, which cuts a proposal at the first token the grammar refuses.
+    fn propose_under<'a>(
+        &'a mut self,
+        rec: u32,
+        n: usize,
+        params: &'a SamplingParams,
+        rng: &'a mut Rng,
+        _grammar: &'a mut Constraint,
+    ) -> LocalBoxFuture<'a, Result<Proposal>> {
+        self.propose(rec, n, params, rng)
+    }
     /// The target accepted the first `accepted` tokens of the last proposal.
     fn accept(&mut self, proposal: &Proposal, accepted: usize);
     /// How many tokens this drafter can follow after `req`'s prompt.

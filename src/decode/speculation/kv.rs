@@ -25,12 +25,15 @@
 //! A run is appended to the model like committed tokens (so the model's own length counts it);
 //! resolving or discarding the run brings that length back to the prefix.
 
+use std::sync::Arc;
+
 use super::drafter::{Drafting, Proposal};
 use super::tree::Tree;
-use crate::backend::{TopK, NO_SLOT};
+use crate::backend::{Allowed, TopK, NO_SLOT};
 use crate::decode::generation::costs::DraftCosts;
 use crate::error::{Error, Result};
-use crate::model::runner::{append, Lm, Output, Want};
+use crate::grammar::Constraint;
+use crate::model::runner::{append, append_masked, Lm, Output, Want};
 use crate::runtime::Span;
 
 /// A draft model however it is held: borrowed by SD, owned by SSD's worker (and `Send` when the
@@ -117,35 +120,76 @@ impl<M: DraftLm> DraftKv<M> {
     /// verification and the steps after it would be spent for nothing. The stop looks at the
     /// distribution, never at the token drawn from it: a proposed token must be distributed as
     /// the q that verification is given, which a stop depending on the draw would skew.
-    pub async fn draft(&mut self, rec: u32, n: usize, confidence: f32, drafting: &mut Drafting<'_>) -> Result<Proposal> {
+    ///
+    /// Under a `grammar`, each position is masked as it masks the output, the grammar walked
+    /// along the draft and rolled back after; drafting stops after a stop token, where the
+    /// grammar is complete, and where the draft's pick is not allowed (a pruned head may score
+    /// none of the allowed tokens).
+    pub async fn draft(
+        &mut self,
+        rec: u32,
+        n: usize,
+        confidence: f32,
+        drafting: &mut Drafting<'_>,
+        mut grammar: Option<&mut Constraint>,
+    ) -> Result<Proposal> {
+        let mut walked = 0;
+        let proposal = self.draft_walking(rec, n, confidence, drafting, &mut grammar, &mut walked).await;
+        if let Some(g) = grammar {
+            g.rollback(walked)?;
+        }
+        proposal
+    }
+
+    async fn draft_walking(
+        &mut self,
+        rec: u32,
+        n: usize,
+        confidence: f32,
+        drafting: &mut Drafting<'_>,
+        grammar: &mut Option<&mut Constraint>,
+        walked: &mut usize,
+    ) -> Result<Proposal> {
         self.open(rec, &[]);
         let mut p = Proposal { tokens: Vec::with_capacity(n), q: Vec::new() };
         let greedy = drafting.params.is_greedy();
         for j in 0..n {
+            let mask = grammar.as_deref_mut().map(Constraint::allowed).transpose()?;
             let (t, prob) = if greedy && confidence <= 0.0 {
-                (*self.feed(Want::AllArgmax).await?.argmax().last().expect("a non-empty input"), 1.0)
+                (*self.feed(Want::AllArgmax, mask.as_deref()).await?.argmax().last().expect("a non-empty input"), 1.0)
             } else if greedy {
                 // The greedy token and its softmax probability, from the row's top entry and
                 // log-sum-exp: the row itself stays on the backend.
-                let top = self.feed(Want::LastTopK { k: 1, temperature: 1.0 }).await?.top_k();
+                let top = self.feed(Want::LastTopK { k: 1, temperature: 1.0 }, mask.as_deref()).await?.top_k();
                 let (t, v) = (top.ids[0], top.values[0]);
                 // An infinite top logit is certain; a row of NaN gives 0, which stops drafting.
                 (t, if v == f32::INFINITY { 1.0 } else { (v - top.lse[0]).exp().max(0.0) })
             } else {
                 let want = Want::LastTopK { k: drafting.width(), temperature: drafting.params.temperature };
-                let top = self.feed(want).await?.top_k();
+                let top = self.feed(want, mask.as_deref()).await?.top_k();
                 let (ids, values) = top.row(0);
                 let (t, q) = drafting.draw(j, ids, values, self.lm.get_mut().config().vocab_size);
                 let top = q.iter().copied().fold(0.0, f32::max);
                 p.q.push(q);
                 (t, top)
             };
-            if prob < confidence {
+            let refused = mask.as_ref().is_some_and(|m| m[t as usize / 32] >> (t % 32) & 1 == 0);
+            if prob < confidence || refused {
                 p.q.truncate(j);
                 break;
             }
             p.tokens.push(t);
             self.run.line.push(t);
+            if let Some(g) = grammar.as_deref_mut() {
+                if g.is_stop(t) {
+                    break;
+                }
+                g.consume(&[t])?;
+                *walked += 1;
+                if g.complete() {
+                    break;
+                }
+            }
         }
         Ok(p)
     }
@@ -161,7 +205,7 @@ impl<M: DraftLm> DraftKv<M> {
         self.open(rec, drafted);
         let unfed = self.run.fed - 1;
         let at = std::iter::repeat_n(NO_SLOT, unfed).chain(drafted.iter().copied()).chain([NO_SLOT]).collect();
-        let top = self.feed(Want::AllTopK { k, temperature, at }).await?.top_k();
+        let top = self.feed(Want::AllTopK { k, temperature, at }, None).await?.top_k();
         Ok(top.skip_rows(unfed))
     }
 
@@ -213,10 +257,19 @@ impl<M: DraftLm> DraftKv<M> {
         self.run = Run { fed: self.unfed.len() + 1, written: 0, line };
     }
 
-    /// Write the run's tokens not written yet after the others, and read `want` back.
-    async fn feed(&mut self, want: Want<'_>) -> Result<Output> {
+    /// Write the run's tokens not written yet after the others, and read `want` back, its last
+    /// row masked by `mask` where a grammar gives one.
+    async fn feed(&mut self, want: Want<'_>, mask: Option<&[u32]>) -> Result<Output> {
         let run = &mut self.run;
-        let out = append(self.lm.get_mut(), &run.line[run.written..], want).await?;
+        let tokens = &run.line[run.written..];
+        let allowed = mask.map(|row| {
+            let rows = if matches!(want, Want::AllArgmax) { tokens.len() } else { 1 };
+            let mut a = Allowed::new(self.lm.get().config().vocab_size);
+            (1..rows).for_each(|_| a.push_all());
+            a.push(row);
+            Arc::new(a)
+        });
+        let out = append_masked(self.lm.get_mut(), tokens, want, allowed).await?;
         run.written = run.line.len();
         Ok(out)
     }
@@ -282,7 +335,7 @@ mod tests {
         let params = SamplingParams::default();
         let mut rng = Rng::new(0);
         let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None, candidates: 64 };
-        block_on(kv.draft(rec, n, 0.0, &mut drafting)).unwrap().tokens
+        block_on(kv.draft(rec, n, 0.0, &mut drafting, None)).unwrap().tokens
     }
 
     #[test]
@@ -323,7 +376,7 @@ mod tests {
             let params = SamplingParams::default();
             let mut rng = Rng::new(0);
             let mut drafting = Drafting { params: &params, rng: &mut rng, saguaro: None, candidates: 64 };
-            block_on(kv.draft(3, 4, confidence, &mut drafting)).unwrap().tokens
+            block_on(kv.draft(3, 4, confidence, &mut drafting, None)).unwrap().tokens
         };
         assert_eq!(drafted(0.15), vec![9; 4]);
         assert_eq!(drafted(0.16), Vec::<u32>::new());

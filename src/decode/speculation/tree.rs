@@ -67,6 +67,7 @@ impl Tree {
                 extra_stride: stride,
                 extra,
             },
+            allowed: None,
         }
     }
 

@@ -10,7 +10,9 @@
 use super::accept::{accept, accept_at, residual};
 use super::config::Fault;
 use super::drafter::Proposal;
-use crate::backend::{Batch, Draw, Drawn, SparseDist, NO_SLOT};
+use std::sync::Arc;
+
+use crate::backend::{Allowed, Batch, Draw, Drawn, SparseDist, NO_SLOT};
 use crate::decode::generation::target_rows::{drawn_on_backend, Rows};
 use crate::error::Result;
 use crate::model::runner::Lm;
@@ -36,7 +38,9 @@ impl Outcome {
 
 /// Run the target once over [rec, proposal] at the end of its committed sequence, decide the
 /// outcome, and commit rec and the accepted draft tokens (the bonus token is left for the next
-/// round to feed).
+/// round to feed). Under a grammar, `allowed` masks each of the n + 1 rows as the grammar
+/// masks that position of the output, so the target judges with the masked, renormalized
+/// distributions (exactly the constrained target's) and its bonus token is allowed too.
 pub(crate) async fn verify(
     target: &mut dyn Lm,
     rec: u32,
@@ -44,10 +48,11 @@ pub(crate) async fn verify(
     params: &SamplingParams,
     rng: &mut Rng,
     fault: Option<Fault>,
+    allowed: Option<Arc<Allowed>>,
 ) -> Result<Outcome> {
     let n = proposal.tokens.len();
     let tokens: Vec<u32> = std::iter::once(rec).chain(proposal.tokens.iter().copied()).collect();
-    let batch = Batch::causal(&tokens, target.len());
+    let batch = Batch { allowed, ..Batch::causal(&tokens, target.len()) };
     let rows: Vec<u32> = (0..=n as u32).collect();
     let outcome = if params.is_greedy() {
         judge_greedy(&proposal.tokens, &target.argmax(&batch, &rows).await?)

@@ -375,7 +375,7 @@ impl<M: DraftLm> Speculator<M> {
             Backup::Jit => {
                 let widths = s.policy.widths(depth);
                 let mut drafting = s.drafting(&widths);
-                let (p, span) = timed(self.kv.draft(rec, depth, 0.0, &mut drafting)).await?;
+                let (p, span) = timed(self.kv.draft(rec, depth, 0.0, &mut drafting, None)).await?;
                 // This round's glue pass rewrites these slots.
                 self.kv.discard();
                 (p, Some(span))
@@ -427,7 +427,7 @@ impl<M: DraftLm> Speculator<M> {
             }
         }
         let mut drafting = Drafting { params: &s.params, rng: &mut s.rng, saguaro: None, candidates: s.candidates };
-        let (proposal, span) = timed(self.kv.draft(rec, n, s.confidence, &mut drafting)).await?;
+        let (proposal, span) = timed(self.kv.draft(rec, n, s.confidence, &mut drafting, None)).await?;
         s.proposed = Some(proposal.tokens.len());
         Ok(Reply::Drafted { proposal, span })
     }

@@ -4,7 +4,7 @@
 use super::draft::{out_of_step, DraftWorker, Job, Reply};
 use crate::decode::generation::output::{Generation, Sink};
 use crate::decode::generation::request::Request;
-use crate::decode::generation::session::{prefill, Decoding};
+use crate::decode::generation::session::{constrain, prefill, Decoding};
 use crate::decode::generation::stats::Stats;
 use crate::decode::strategy::Mode;
 use crate::decode::speculation::{check_draft, timed, verify, Outcome, Proposal, SpecConfig, Tally};
@@ -78,7 +78,7 @@ async fn run(
     draft.send(Job::Start { req: req.clone(), spec: spec.clone() })?;
     let first = prefill(target, req, Mode::Ssd.name()).await?;
     expect_started(draft.recv().await?)?;
-    let run = first.decode(req, room, sink);
+    let run = first.decode(req, room, sink)?;
     let mut ssd = Ssd {
         target,
         draft,
@@ -120,14 +120,15 @@ impl Ssd<'_> {
     /// One round after `rec`, whose predecessor ended with `last` (none in the first round).
     async fn round(&mut self, rec: u32, last: Option<Outcome>) -> Result<Outcome> {
         let remaining = self.run.out.remaining();
-        let (proposal, hit) = self.proposal(last, rec, self.spec.k.min(remaining - 1)).await?;
+        let (mut proposal, hit) = self.proposal(last, rec, self.spec.k.min(remaining - 1)).await?;
+        let allowed = constrain(&mut self.run, &mut proposal)?;
         // This round commits at least the bonus token, so the next one proposes at most
         // `remaining - 2` tokens.
         self.speculate(rec, &proposal, self.spec.k.min(remaining.saturating_sub(2)))?;
         let verifying =
-            verify(&mut *self.target, rec, &proposal, &self.req.sampling, &mut self.run.rng, self.spec.fault);
+            verify(&mut *self.target, rec, &proposal, &self.req.sampling, &mut self.run.rng, self.spec.fault, allowed);
         let (outcome, verify_span) = timed(verifying).await?;
-        let committed = self.run.out.push(&outcome.committed(&proposal));
+        let committed = self.run.out.push(&outcome.committed(&proposal))?;
         self.tally.round(proposal.tokens.len(), outcome, committed, verify_span, None, hit);
         // A generation that just ended leaves the speculation to `generate_ssd`'s `finish`.
         if !self.run.out.done() {

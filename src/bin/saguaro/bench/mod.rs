@@ -19,7 +19,8 @@ use saguaro::engine::{Completion, Engine, GenerateOptions, Prompt};
 use saguaro::model::tokenizer::ChatMessage;
 use saguaro::{Error, Result};
 
-use crate::setup::{BackendKind, EngineArgs, ModeArg};
+use crate::setup::{BackendKind, EngineArgs, GrammarArgs, ModeArg};
+use saguaro::grammar::GrammarSpec;
 
 /// Built-in prompts: code completion and chat, the workloads speculation is for.
 const PROMPTS: &[(&str, bool)] = &[
@@ -63,6 +64,9 @@ pub struct BenchArgs {
     /// How many times to alternate our AR decoding with llama-bench.
     #[arg(long, default_value_t = 3)]
     llama_reps: usize,
+    /// Every mode generates under this constraint.
+    #[command(flatten)]
+    grammar: GrammarArgs,
 }
 
 /// One mode at one K over every prompt.
@@ -129,9 +133,9 @@ fn plan(args: &BenchArgs) -> Vec<(ModeArg, Option<usize>)> {
 }
 
 /// One generation of `prompt` in `run`'s mode and K.
-fn generate(engine: &mut Engine, prompt: &Prompt, i: usize, run: &mut Run, max_tokens: usize) -> Result<()> {
+fn generate(engine: &mut Engine, prompt: &Prompt, i: usize, run: &mut Run, max_tokens: usize, grammar: &Option<GrammarSpec>) -> Result<()> {
     let spec = run.k.map(|k| saguaro::decode::SpecConfig { k, ..engine.spec().clone() });
-    let opts = GenerateOptions { mode: run.mode.0, max_tokens, spec, ..GenerateOptions::default() };
+    let opts = GenerateOptions { mode: run.mode.0, max_tokens, spec, grammar: grammar.clone(), ..GenerateOptions::default() };
     let g = block_on(engine.generate(prompt, &opts, &mut |_, _| true))?;
     let at = run.k.map_or(String::new(), |k| format!(" k={k}"));
     eprintln!("{}{at} prompt {i}: {} tokens, {:.1} tok/s", run.mode, g.stats.generated, g.stats.tokens_per_s);
@@ -141,6 +145,7 @@ fn generate(engine: &mut Engine, prompt: &Prompt, i: usize, run: &mut Run, max_t
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     check(args)?;
+    let grammar = args.grammar.spec()?;
     let prompts = load_prompts(args)?;
     let mut engine = if let Some(&largest) = args.sweep_k.iter().max() {
         // Built for the largest K, so the draft cache holds every K of the sweep.
@@ -157,7 +162,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for _ in 0..args.rounds {
         for (i, prompt) in prompts.iter().enumerate() {
             for run in &mut runs {
-                generate(&mut engine, prompt, i, run, args.max_tokens)?;
+                generate(&mut engine, prompt, i, run, args.max_tokens, &grammar)?;
             }
         }
     }
