@@ -77,14 +77,17 @@ impl<'a> Output<'a> {
             n += 1;
             if self.stop.contains(&t) {
                 self.finish = Some(FinishReason::Eos);
-            } else if self.tokens.len() >= self.max {
-                self.finish = Some(self.at_max);
+                continue;
             }
-        }
-        if let Some(g) = &mut self.grammar {
-            g.consume(&tokens[..n])?;
-            if self.finish.is_none() && g.complete() {
-                self.finish = Some(FinishReason::Eos);
+            if let Some(g) = &mut self.grammar {
+                g.consume(&[t])?;
+                if g.complete() {
+                    self.finish = Some(FinishReason::Eos);
+                    continue;
+                }
+            }
+            if self.tokens.len() >= self.max {
+                self.finish = Some(self.at_max);
             }
         }
         let stopped = n > 0 && !(self.sink)(&tokens[..n]);
