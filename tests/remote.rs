@@ -176,7 +176,7 @@ fn serve_tiny() -> String {
             vocab_fingerprint: None,
             context_length: Some(TINY_CAPACITY),
         };
-        bound.serve(&mut model, info, &ServeOptions::default())
+        bound.serve(&mut model, info, &ServeOptions::default(), None)
     });
     url
 }
@@ -255,7 +255,7 @@ fn engine(target: RemoteTarget, mode: Mode) -> Engine {
 }
 
 fn greedy(max_tokens: usize) -> GenerateOptions {
-    GenerateOptions { mode: None, max_tokens, sampling: SamplingParams::default(), spec: None }
+    GenerateOptions { mode: None, max_tokens, sampling: SamplingParams::default(), spec: None, grammar: None }
 }
 
 #[test]
@@ -561,4 +561,31 @@ fn the_cli_generates_against_the_server_as_it_does_locally() {
     assert!(!ok && err.contains("error: --top-k: a server target returns its 64 likeliest tokens"), "{err}");
     let (ok, _, err) = cli(&[&common[..], &["--target", &server.url]].concat());
     assert!(!ok && err.contains("needs a --draft model"), "{err}");
+}
+
+/// `/generate` takes SGLang's json_schema, regex and ebnf: the output follows the one given, and
+/// a bad one, or two at once, is refused with 400 before anything runs.
+#[test]
+fn the_server_holds_a_generation_to_its_grammar_and_refuses_a_bad_one() {
+    let server = Serve::start(&[]);
+    let tok = util::model(util::SMOLLM2).tokenizer;
+    let prompt = serde_json::to_string(&tok.encode_prompt("The capital of France is").unwrap()).unwrap();
+    let ask = |params: &str| post(&server.url, &format!(r#"{{"input_ids": {prompt}, "sampling_params": {params}}}"#));
+    for params in [r#"{"max_new_tokens": 20, "temperature": 0, "regex": " (Paris|London|Rome)\\."}"#, r#"{"max_new_tokens": 20, "temperature": 1, "sampling_seed": 4, "ebnf": "start: \" \" (\"Paris\" | \"London\" | \"Rome\") \".\""}"#] {
+        let (status, answer) = ask(params);
+        assert_eq!(status, 200, "{params}: {answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let ids: Vec<u32> = serde_json::from_value(v["output_ids"].clone()).unwrap();
+        let text = tok.decode(&ids).unwrap();
+        assert!([" Paris.", " London.", " Rome."].contains(&text.as_str()), "{params}: {text:?}");
+        assert_eq!(v["meta_info"]["finish_reason"]["type"], "stop", "{answer}");
+    }
+    for (params, says) in [
+        (r#"{"json_schema": "{\"type\": \"nonsense\"}"}"#, "invalid grammar"),
+        (r#"{"json_schema": "not json"}"#, "not JSON"),
+        (r#"{"regex": "a", "ebnf": "start: \"a\""}"#, "at most one"),
+    ] {
+        let (status, answer) = ask(params);
+        assert!(status == 400 && answer.contains(says), "{params}: {status} {answer}");
+    }
 }

@@ -216,6 +216,7 @@ impl RemoteTarget {
                 top_p: p.top_p,
                 stop_token_ids: req.stop.clone(),
                 sampling_seed: Some(p.seed),
+                ..WireSampling::default()
             },
             return_logprob: false,
             logprob_start_len: -1,

@@ -5,6 +5,8 @@ use web_time::Instant;
 
 use super::prefix::PrefixModel;
 use super::protocol::{FinishReason, GenerateRequest, GenerateResponse, MetaInfo, TokenLogprob};
+use crate::backend::Allowed;
+use crate::grammar::Vocabulary;
 use crate::sampling::{self, Rng, SamplingParams};
 
 /// What a request may ask of the server.
@@ -60,6 +62,7 @@ pub fn answer(
     model: &mut dyn PrefixModel,
     req: &GenerateRequest,
     limits: &Limits,
+    vocabulary: Option<&Vocabulary>,
     emit: &mut dyn FnMut(u32) -> bool,
 ) -> Result<GenerateResponse, Refusal> {
     let t0 = Instant::now();
@@ -100,6 +103,11 @@ pub fn answer(
         seed: s.sampling_seed.unwrap_or(0),
     };
     let max_new = s.max_new_tokens.min(limits.max_new_tokens).min(model.capacity() - n);
+    let mut grammar = match (s.grammar().map_err(Refusal::BadRequest)?, vocabulary) {
+        (None, _) => None,
+        (Some(_), None) => return bad("this server takes no grammars".into()),
+        (Some(spec), Some(v)) => Some(v.compile(&spec).map_err(|e| Refusal::BadRequest(e.to_string()))?.start(&s.stop_token_ids)),
+    };
 
     // Position 0 has nothing before it; every later scored position p needs the logits after p - 1.
     let after: Vec<usize> = (start.max(1) - 1..n).collect();
@@ -124,6 +132,11 @@ pub fn answer(
     let mut output = Vec::new();
     let mut finish = FinishReason::Length { length: 0 };
     while output.len() < max_new {
+        if let Some(g) = &mut grammar {
+            let mut allowed = Allowed::new(vocab);
+            allowed.push(&g.allowed().map_err(failed)?);
+            allowed.apply(&mut last);
+        }
         let next = if params.is_greedy() {
             sampling::argmax(&last)
         } else {
@@ -143,6 +156,13 @@ pub fn answer(
         if s.stop_token_ids.contains(&next) {
             finish = FinishReason::Stop { matched: next };
             break;
+        }
+        if let Some(g) = &mut grammar {
+            g.consume(&[next]).map_err(failed)?;
+            if g.complete() {
+                finish = FinishReason::Stop { matched: next };
+                break;
+            }
         }
         if output.len() == max_new {
             break;

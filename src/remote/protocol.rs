@@ -8,6 +8,7 @@
 //! the distribution after the last input token is the first output token's,
 //! `output_top_logprobs[0]`. Each entry is `[logprob, token_id, text]`, most likely first.
 
+use crate::grammar::GrammarSpec;
 use serde::{Deserialize, Serialize};
 
 /// One `[logprob, token_id, text]` entry; `text` is null unless `return_text_in_logprobs`.
@@ -29,11 +30,44 @@ pub struct WireSampling {
     pub stop_token_ids: Vec<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sampling_seed: Option<u64>,
+    /// SGLang's structured output: a JSON schema (as a JSON string), a regex, or a grammar
+    /// (llguidance's Lark dialect), at most one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json_schema: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ebnf: Option<String>,
 }
 
 impl Default for WireSampling {
     fn default() -> Self {
-        WireSampling { max_new_tokens: 128, temperature: 1.0, top_k: -1, top_p: 1.0, stop_token_ids: Vec::new(), sampling_seed: None }
+        WireSampling {
+            max_new_tokens: 128,
+            temperature: 1.0,
+            top_k: -1,
+            top_p: 1.0,
+            stop_token_ids: Vec::new(),
+            sampling_seed: None,
+            json_schema: None,
+            regex: None,
+            ebnf: None,
+        }
+    }
+}
+
+impl WireSampling {
+    /// The grammar asked for, if any.
+    pub fn grammar(&self) -> Result<Option<GrammarSpec>, String> {
+        let given = [&self.json_schema, &self.regex, &self.ebnf].iter().filter(|g| g.is_some()).count();
+        if given > 1 {
+            return Err("sampling_params: give at most one of json_schema, regex and ebnf".into());
+        }
+        if let Some(s) = &self.json_schema {
+            let schema = serde_json::from_str(s).map_err(|e| format!("sampling_params.json_schema: not JSON: {e}"))?;
+            return Ok(Some(GrammarSpec::JsonSchema(schema)));
+        }
+        Ok(self.regex.clone().map(GrammarSpec::Regex).or_else(|| self.ebnf.clone().map(GrammarSpec::Lark)))
     }
 }
 

@@ -16,6 +16,7 @@ use tiny_http::{Method, Request, Server, StatusCode};
 
 use super::generate::{answer, Limits, Refusal};
 use super::prefix::PrefixModel;
+use crate::grammar::Vocabulary;
 use super::protocol::{ErrorBody, ErrorDetail, GenerateRequest, GenerateResponse, MetaInfo, ModelInfo};
 use crate::error::{Error, Result};
 
@@ -93,7 +94,9 @@ impl Bound {
     }
 
     /// Serve `model` until the process ends: readers on their threads, the model on this one.
-    pub fn serve(self, model: &mut dyn PrefixModel, info: ModelInfo, opts: &ServeOptions) -> Result<()> {
+    /// `vocabulary` compiles the grammars requests ask for (json_schema, regex, ebnf); without
+    /// one such requests are refused.
+    pub fn serve(self, model: &mut dyn PrefixModel, info: ModelInfo, opts: &ServeOptions, vocabulary: Option<&Vocabulary>) -> Result<()> {
         let (jobs, queue) = mpsc::sync_channel::<Job>(opts.queue);
         let counters = Arc::new(Counters::default());
         let info = Arc::new(info);
@@ -109,12 +112,12 @@ impl Bound {
                 .map_err(|e| Error::Worker(format!("cannot start a reader thread: {e}")))?;
         }
         drop(jobs);
-        run_model(model, queue, &counters, &opts.limits);
+        run_model(model, queue, &counters, &opts.limits, vocabulary);
         Ok(())
     }
 }
 
-fn run_model(model: &mut dyn PrefixModel, queue: Receiver<Job>, counters: &Counters, limits: &Limits) {
+fn run_model(model: &mut dyn PrefixModel, queue: Receiver<Job>, counters: &Counters, limits: &Limits, vocabulary: Option<&Vocabulary>) {
     for job in queue {
         let result = if Instant::now() > job.deadline {
             Err(Refusal::Failed("the request waited past the time limit".into()))
@@ -123,7 +126,7 @@ fn run_model(model: &mut dyn PrefixModel, queue: Receiver<Job>, counters: &Count
             let limits = Limits { time: left.min(limits.time), ..limits.clone() };
             let stream = job.req.stream;
             // A streaming reader that is gone (its client hung up) stops the generation.
-            answer(model, &job.req, &limits, &mut |t| !stream || job.events.send(Event::Token(t)).is_ok())
+            answer(model, &job.req, &limits, vocabulary, &mut |t| !stream || job.events.send(Event::Token(t)).is_ok())
         };
         counters.forwards.store(model.forwards(), Ordering::Relaxed);
         counters.sessions.store(model.sessions() as u64, Ordering::Relaxed);

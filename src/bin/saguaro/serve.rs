@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use saguaro::grammar::Vocabulary;
 use saguaro::backend::cpu::CpuBackend;
 use saguaro::model::load::open;
 use saguaro::model::transformer::Transformer;
@@ -90,6 +91,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         }
         BackendKind::Gpu => Box::new(PrefixCaches::new(Transformer::new(args.device.open_gpu()?, &file.weights)?, context, sessions)?),
     };
+    // `/generate`'s json_schema, regex and ebnf compile against this.
+    let vocabulary = Vocabulary::new(&file.tokenizer, config.vocab_size)?;
     drop(file);
     let bound = bind(&args.listen)?;
     eprintln!(
@@ -100,5 +103,5 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     // The one line on stdout, for scripts and tests that start the server on port 0.
     println!("listening on http://{}", bound.addr());
     let _ = std::io::stdout().flush();
-    bound.serve(model.as_mut(), info, &opts)
+    bound.serve(model.as_mut(), info, &opts, Some(&vocabulary))
 }
