@@ -4,7 +4,7 @@
 
 /// Bit `t % 32` of word `t / 32` of a row is set where token `t` is allowed (the layout of a
 /// grammar engine's token sets, so they are copied in as they are).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Allowed {
     cols: usize,
     bits: Vec<u32>,
@@ -104,5 +104,18 @@ mod tests {
         assert!(logits[40..].iter().all(|l| l.is_finite()));
         let head = a.for_head(&[35, 2, 3]);
         assert_eq!((head.row(0)[0], head.row(1)[0]), (0b101, 0b111));
+    }
+
+    #[test]
+    fn a_top_k_ranks_its_allowed_tokens_first() {
+        let mut top = crate::backend::TopK::of(&[5.0, 4.0, 3.0, 2.0, 1.0, 0.0, 1.0, 2.0], 4, 3, 1.0, &[crate::backend::NO_SLOT; 2]);
+        let mut a = Allowed::new(4);
+        a.push(&[0b0110]); // tokens 1 and 2
+        a.push(&[0b0001]); // token 0
+        top.keep_allowed(&a);
+        assert_eq!(top.row(0).0, &[1, 2, 0]);
+        assert_eq!(top.row(0).1[..2], [4.0, 3.0]);
+        assert_eq!(top.row(0).1[2], f32::NEG_INFINITY);
+        assert_eq!(top.row(1).0[0], 0);
     }
 }

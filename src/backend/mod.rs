@@ -184,6 +184,20 @@ pub struct TopK {
 }
 
 impl TopK {
+    /// Move each row's entries that `allowed` (one row per row) refuses behind the others, their
+    /// values -inf: what ranks the row's candidates then ranks only allowed tokens first.
+    pub fn keep_allowed(&mut self, allowed: &Allowed) {
+        for r in 0..self.rows().min(allowed.rows()) {
+            let span = r * self.k..(r + 1) * self.k;
+            let mut entries: Vec<(u32, f32)> = self.ids[span.clone()].iter().copied().zip(self.values[span.clone()].iter().copied()).collect();
+            entries.sort_by_key(|&(t, _)| !allowed.allows(r, t));
+            for (i, (t, v)) in entries.into_iter().enumerate() {
+                self.ids[span.start + i] = t;
+                self.values[span.start + i] = if allowed.allows(r, t) { v } else { f32::NEG_INFINITY };
+            }
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.lse.len()
     }

@@ -33,6 +33,7 @@ use crate::decode::speculation::{
     PRIOR_ACCEPTANCE,
 };
 use crate::error::{Error, Result};
+use crate::backend::Allowed;
 use crate::model::config::ModelConfig;
 use crate::model::runner::{BoxedLm, Lm};
 use crate::runtime::{Channel, RelSpan, Service, Span, Worker};
@@ -46,8 +47,9 @@ pub enum Job {
     /// propose up to `depth` draft tokens to follow `rec`.
     Propose { outcome: Option<Outcome>, rec: u32, depth: usize },
     /// The target is verifying [rec, s1..sn] = `tokens`: speculate on its outcomes, `depth`
-    /// draft tokens per branch.
-    Speculate { tokens: Vec<u32>, depth: usize },
+    /// draft tokens per branch. Under a grammar, `allowed` holds the n + 1 positions' masks,
+    /// and only allowed tokens are candidate bonus tokens.
+    Speculate { tokens: Vec<u32>, depth: usize, allowed: Option<Allowed> },
     /// A new SD generation, drafting as SD's model drafter does (stopping where the draft's
     /// likeliest token has less than `confidence` probability): prefill the prompt.
     StartSd { req: Request, confidence: f32, candidates: usize },
@@ -285,7 +287,7 @@ impl<M: DraftLm + 'static> Service for Speculator<M> {
             let reply = match job {
                 Job::Start { req, spec } => self.start(req, spec).await,
                 Job::Propose { outcome, rec, depth } => self.propose(outcome, rec, depth).await,
-                Job::Speculate { tokens, depth } => self.speculate(tokens, depth).await,
+                Job::Speculate { tokens, depth, allowed } => self.speculate(tokens, depth, allowed).await,
                 Job::StartSd { req, confidence, candidates } => self.start_sd(req, confidence, candidates).await,
                 Job::Draft { accepted, rec, n } => self.draft(accepted, rec, n).await,
                 Job::Measure { tree_rows } => self.measure(tree_rows).await,
@@ -386,13 +388,19 @@ impl<M: DraftLm> Speculator<M> {
 
     /// Step 2 of a round, while the target verifies [rec, s1..sn] = `tokens`: the glue pass over
     /// them, the fan-out over its logits, and the tree of `depth` steps into the cache.
-    async fn speculate(&mut self, tokens: Vec<u32>, depth: usize) -> Result<Reply> {
+    async fn speculate(&mut self, tokens: Vec<u32>, depth: usize, allowed: Option<Allowed>) -> Result<Reply> {
         let s = self.session.as_mut().ok_or_else(|| Error::Worker("no generation started".into()))?;
         let (entries, temperature) = (s.policy.glue_entries(), fanout::ranking_temperature(&s.params));
-        let (glue, glue_span) = timed(self.kv.glue(&tokens, entries, temperature)).await?;
+        let (mut glue, glue_span) = timed(self.kv.glue(&tokens, entries, temperature)).await?;
 
         let drafted = tokens[1..].to_vec();
-        let branches = s.policy.candidates(&glue, &drafted, &s.params);
+        if let Some(a) = &allowed {
+            glue.keep_allowed(a);
+        }
+        let mut branches = s.policy.candidates(&glue, &drafted, &s.params);
+        // A row with fewer allowed tokens than its width leaves the rest to tokens that can never
+        // be the bonus: no branch for them.
+        branches.retain(|&(k, t)| allowed.as_ref().is_none_or(|a| a.allows(k, t)));
         let widths = s.policy.widths(depth);
         // Both the target's end of the generation and a cancel cut the tree short.
         let (abandon, cancel) = (&self.abandon, s.cancel.clone());

@@ -2,6 +2,7 @@
 //! verifying, commit, wait for the speculation.
 
 use super::draft::{out_of_step, DraftWorker, Job, Reply};
+use crate::backend::Allowed;
 use crate::decode::generation::output::{Generation, Sink};
 use crate::decode::generation::request::Request;
 use crate::decode::generation::session::{constrain, prefill, Decoding};
@@ -124,7 +125,7 @@ impl Ssd<'_> {
         let allowed = constrain(&mut self.run, &mut proposal)?;
         // This round commits at least the bonus token, so the next one proposes at most
         // `remaining - 2` tokens.
-        self.speculate(rec, &proposal, self.spec.k.min(remaining.saturating_sub(2)))?;
+        self.speculate(rec, &proposal, self.spec.k.min(remaining.saturating_sub(2)), allowed.as_deref().cloned())?;
         let verifying =
             verify(&mut *self.target, rec, &proposal, &self.req.sampling, &mut self.run.rng, self.spec.fault, allowed);
         let (outcome, verify_span) = timed(verifying).await?;
@@ -150,11 +151,12 @@ impl Ssd<'_> {
         Ok((proposal, hit))
     }
 
-    /// Start the draft's glue pass and tree over [rec, proposal], `depth` tokens per branch; it
-    /// runs while the target verifies.
-    fn speculate(&mut self, rec: u32, proposal: &Proposal, depth: usize) -> Result<()> {
+    /// Start the draft's glue pass and tree over [rec, proposal], `depth` tokens per branch,
+    /// its candidate bonus tokens among those `allowed` (a grammar's masks of the verified rows);
+    /// it runs while the target verifies.
+    fn speculate(&mut self, rec: u32, proposal: &Proposal, depth: usize, allowed: Option<Allowed>) -> Result<()> {
         let tokens = std::iter::once(rec).chain(proposal.tokens.iter().copied()).collect();
-        self.draft.send(Job::Speculate { tokens, depth })
+        self.draft.send(Job::Speculate { tokens, depth, allowed })
     }
 
     /// Wait for the draft's speculation, which ran beside the verify of `verify_span`.
