@@ -19,13 +19,14 @@ use crate::decode::{
     SelfGenerating, SpecConfig, Stats, Strategy,
 };
 use crate::error::{Error, Result};
+use crate::grammar::tools::{self, Tool, ToolCall, ToolChoice};
 use crate::grammar::{Grammar, GrammarSpec, Vocabulary};
 use crate::model::config::ModelConfig;
 use crate::model::load::ModelFile;
 use crate::model::runner::{BoxedLm, Lm, Runner};
 use crate::model::slim::{check_quant, frequent_tokens, Slimming};
 use crate::model::stream::StreamedModel;
-use crate::model::tokenizer::{apply_chat_template, ChatMessage, StreamDecoder, Tokenizer};
+use crate::model::tokenizer::{apply_chat_template_with_tools, ChatMessage, StreamDecoder, Tokenizer};
 use crate::model::transformer::Transformer;
 use crate::model::weights::ModelWeights;
 use crate::sampling::SamplingParams;
@@ -182,6 +183,17 @@ pub struct GenerateOptions {
     pub spec: Option<SpecConfig>,
     /// What the output must match (a JSON schema, any JSON object, a regex, a Lark grammar).
     pub grammar: Option<GrammarSpec>,
+    /// Functions the model may call (a chat prompt, a model whose template lists tools): the
+    /// template lists them and the output is held to calls of them (or text, as `choice` says);
+    /// [`Completion::tool_calls`] holds the calls made. Not with `grammar`.
+    pub tools: Option<ToolUse>,
+}
+
+/// The tools of a generation and whether it must call one.
+#[derive(Clone, Debug, Default)]
+pub struct ToolUse {
+    pub tools: Vec<Tool>,
+    pub choice: ToolChoice,
 }
 
 impl GenerateOptions {
@@ -211,7 +223,14 @@ impl EngineOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { mode: None, max_tokens: DEFAULT_MAX_TOKENS, sampling: SamplingParams::default(), spec: None, grammar: None }
+        GenerateOptions {
+            mode: None,
+            max_tokens: DEFAULT_MAX_TOKENS,
+            sampling: SamplingParams::default(),
+            spec: None,
+            grammar: None,
+            tools: None,
+        }
     }
 }
 
@@ -225,6 +244,8 @@ pub struct Completion {
     pub prompt_tokens: usize,
     pub finish: FinishReason,
     pub stats: Stats,
+    /// With tools: the calls the output made (none where it answered in text, or was cut short).
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// The loaded models, ready to generate. Reusable across generations, also after an error or a
@@ -659,7 +680,16 @@ impl Engine {
 
     /// The prompt's token ids.
     pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        self.encode_with_tools(prompt, &[])
+    }
+
+    /// The prompt's token ids, a chat listing `tools` where there are any.
+    fn encode_with_tools(&self, prompt: &Prompt, tools: &[Tool]) -> Result<Vec<u32>> {
         let tok = &self.tokenizer;
+        let tools: Vec<serde_json::Value> = tools.iter().map(serde_json::to_value).collect::<std::result::Result<_, _>>().map_err(|e| Error::InvalidArgument(format!("tools: {e}")))?;
+        if !tools.is_empty() && !matches!(prompt, Prompt::Chat(_)) {
+            return Err(Error::InvalidArgument("tools: the prompt must be a chat, whose template lists them".into()));
+        }
         match prompt {
             Prompt::Text(text) => tok.encode_prompt(text),
             Prompt::Tokens(ids) => Ok(ids.clone()),
@@ -668,7 +698,10 @@ impl Engine {
                     .chat_template
                     .as_deref()
                     .ok_or_else(|| Error::InvalidArgument("chat: the model has no chat template".into()))?;
-                let text = apply_chat_template(template, messages, tok.bos_token().as_deref(), tok.eos_token().as_deref())?;
+                if !tools.is_empty() && !template.contains("tools") {
+                    return Err(Error::InvalidArgument("tools: this model's chat template does not list tools".into()));
+                }
+                let text = apply_chat_template_with_tools(template, messages, &tools, tok.bos_token().as_deref(), tok.eos_token().as_deref())?;
                 tok.encode_prompt(&text)
             }
         }
@@ -688,7 +721,7 @@ impl Engine {
         let mode = opts.mode.unwrap_or_else(|| self.default_mode());
         let at = self.strategies.iter().position(|s| s.mode() == mode).ok_or_else(|| not_prepared(mode))?;
         self.check_remote_sampling(self.strategies[at].as_ref(), &opts.sampling)?;
-        let ids = self.encode(prompt)?;
+        let ids = self.encode_with_tools(prompt, opts.tools.as_ref().map_or(&[], |t| &t.tools))?;
         let auto = self.choice.as_ref().filter(|_| opts.mode.is_none() && opts.spec.is_none());
         let spec = match &opts.spec {
             None => match auto {
@@ -708,7 +741,12 @@ impl Engine {
             Some(s) => s.clone(),
         };
         let auto = auto.is_some();
-        let grammar = opts.grammar.as_ref().map(|spec| self.compile(spec)).transpose()?;
+        let wanted = match (&opts.tools, &opts.grammar) {
+            (Some(_), Some(_)) => return Err(Error::option("grammar", "cannot be given with tools, which hold the output to their calls")),
+            (Some(t), None) => Some(tools::grammar(&t.tools, &t.choice, self.vocabulary()?.is_special("<tool_call>"))?),
+            (None, g) => g.clone(),
+        };
+        let grammar = wanted.as_ref().map(|g| self.compile(g)).transpose()?;
         let req = Request {
             prompt: ids,
             max_tokens: opts.max_tokens,
@@ -758,8 +796,15 @@ impl Engine {
             on_text(&rest, 0);
         }
         self.learn(at, &spec, &g.stats);
+        let text = self.tokenizer.decode(&g.tokens)?;
+        // A call cut short by max_tokens is no call.
+        let tool_calls = match (&opts.tools, g.finish) {
+            (Some(_), FinishReason::Eos) => tools::parse(&text)?,
+            _ => Vec::new(),
+        };
         Ok(Completion {
-            text: self.tokenizer.decode(&g.tokens)?,
+            tool_calls,
+            text,
             tokens: g.tokens,
             prompt_tokens: req.prompt.len(),
             finish: g.finish,
@@ -767,13 +812,17 @@ impl Engine {
         })
     }
 
-    /// Compile `spec` against the target's vocabulary (built on first use).
+    /// Compile `spec` against the target's vocabulary.
     pub fn compile(&mut self, spec: &GrammarSpec) -> Result<Arc<Grammar>> {
-        let vocabulary = match &mut self.vocabulary {
+        Ok(Arc::new(self.vocabulary()?.compile(spec)?))
+    }
+
+    /// The target's vocabulary as grammars see it, built on first use.
+    fn vocabulary(&mut self) -> Result<&Vocabulary> {
+        Ok(match &mut self.vocabulary {
             Some(v) => v,
             v => v.insert(Vocabulary::new(&self.tokenizer, self.target.config().vocab_size)?),
-        };
-        Ok(Arc::new(vocabulary.compile(spec)?))
+        })
     }
 
     /// Refine the choice of mode with what a generation by strategy `at` measured: its pace per

@@ -7,7 +7,8 @@ mod util;
 use futures::executor::block_on;
 
 use saguaro::decode::{FinishReason, Mode};
-use saguaro::engine::{Completion, Engine, EngineOptions, GenerateOptions, Prompt};
+use saguaro::engine::{Completion, Engine, EngineOptions, GenerateOptions, Prompt, ToolUse};
+use saguaro::grammar::tools::{Tool, ToolChoice};
 use saguaro::grammar::GrammarSpec;
 use saguaro::model::tokenizer::ChatMessage;
 use saguaro::sampling::SamplingParams;
@@ -24,7 +25,7 @@ fn engine() -> Engine {
 }
 
 fn run(engine: &mut Engine, prompt: &Prompt, mode: Mode, grammar: &GrammarSpec, max_tokens: usize, sampling: SamplingParams) -> saguaro::Result<Completion> {
-    let opts = GenerateOptions { mode: Some(mode), max_tokens, sampling, grammar: Some(grammar.clone()), spec: None };
+    let opts = GenerateOptions { mode: Some(mode), max_tokens, sampling, grammar: Some(grammar.clone()), ..GenerateOptions::default() };
     block_on(engine.generate(prompt, &opts, &mut |_, _| true))
 }
 
@@ -131,4 +132,46 @@ fn sampling_under_a_grammar_keeps_ars_distribution() {
         let chi: f64 = ar.iter().zip(&got).filter(|(a, b)| *a + *b > 0).map(|(&a, &b)| (a as f64 - b as f64).powi(2) / (a + b) as f64).sum();
         assert!(chi < 18.47, "{mode}: {got:?} against AR's {ar:?} (chi-square {chi:.1})");
     }
+}
+
+/// Tools in Qwen2.5's format: the template lists them, a required call names a tool and its
+/// arguments follow that tool's schema, in AR and SD alike; a chat without tools in its template,
+/// or tools with a grammar, are refused.
+#[test]
+fn a_required_tool_call_follows_its_schema_in_every_mode() {
+    let qwen = || util::model(util::QWEN_05B);
+    let mut draft = qwen();
+    draft.weights = util::truncated(&draft.weights);
+    let opts = EngineOptions { context: 1024, modes: vec![Mode::Ar, Mode::Sd], draft_quant: None, draft_head: None, ..EngineOptions::default() };
+    let mut e = block_on(Engine::new(qwen(), Some(draft), &opts)).unwrap();
+    let tools: Vec<Tool> = serde_json::from_value(serde_json::json!([
+        { "type": "function", "function": { "name": "weather", "description": "The weather in a city",
+          "parameters": { "type": "object", "properties": { "city": { "type": "string", "maxLength": 20 } }, "required": ["city"], "additionalProperties": false } } },
+        { "type": "function", "function": { "name": "time", "description": "The time in a time zone",
+          "parameters": { "type": "object", "properties": { "zone": { "type": "string", "maxLength": 20 } }, "required": ["zone"], "additionalProperties": false } } }
+    ]))
+    .unwrap();
+    let prompt = chat("What is the weather like in Oslo?");
+    let call = |e: &mut Engine, mode: Mode, choice: ToolChoice| {
+        let opts = GenerateOptions { mode: Some(mode), max_tokens: 48, tools: Some(ToolUse { tools: tools.clone(), choice }), ..GenerateOptions::default() };
+        block_on(e.generate(&prompt, &opts, &mut |_, _| true))
+    };
+    let ar = call(&mut e, Mode::Ar, ToolChoice::Required).unwrap();
+    assert_eq!(ar.tool_calls.len(), 1, "{}", ar.text);
+    assert_eq!(ar.tool_calls[0].name, "weather", "{}", ar.text);
+    assert!(ar.tool_calls[0].arguments["city"].is_string(), "{}", ar.text);
+    let sd = call(&mut e, Mode::Sd, ToolChoice::Required).unwrap();
+    assert_eq!(sd.tokens, ar.tokens, "SD: {}", sd.text);
+    let named = call(&mut e, Mode::Ar, ToolChoice::Named("time".into())).unwrap();
+    assert_eq!(named.tool_calls.first().map(|c| c.name.as_str()), Some("time"), "{}", named.text);
+    let with_grammar = GenerateOptions {
+        tools: Some(ToolUse { tools: tools.clone(), choice: ToolChoice::Auto }),
+        grammar: Some(GrammarSpec::JsonObject),
+        ..GenerateOptions::default()
+    };
+    assert!(block_on(e.generate(&prompt, &with_grammar, &mut |_, _| true)).is_err());
+    let mut smol = engine();
+    let on_smol = GenerateOptions { tools: Some(ToolUse { tools, choice: ToolChoice::Auto }), ..GenerateOptions::default() };
+    let err = block_on(smol.generate(&prompt, &on_smol, &mut |_, _| true)).unwrap_err();
+    assert!(err.to_string().contains("does not list tools"), "{err}");
 }

@@ -255,7 +255,7 @@ fn engine(target: RemoteTarget, mode: Mode) -> Engine {
 }
 
 fn greedy(max_tokens: usize) -> GenerateOptions {
-    GenerateOptions { mode: None, max_tokens, sampling: SamplingParams::default(), spec: None, grammar: None }
+    GenerateOptions { mode: None, max_tokens, sampling: SamplingParams::default(), ..GenerateOptions::default() }
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! is allowed exactly where the grammar accepts.
 
 mod constraint;
+pub mod tools;
 
 use std::sync::Arc;
 
@@ -79,6 +80,11 @@ impl Vocabulary {
         let mut factory = ParserFactory::new_simple(&(env as llguidance::toktrie::TokEnv)).map_err(|e| Error::Tokenizer(e.to_string()))?;
         factory.quiet();
         Ok(Vocabulary { factory, cols: vocab_size })
+    }
+
+    /// Whether the tokenizer holds `name` as a special token.
+    pub fn is_special(&self, name: &str) -> bool {
+        self.factory.tok_env().tok_trie().get_special_token(name).is_some()
     }
 
     /// Compile `spec`; an invalid or unsupported one is refused with [`Error::InvalidGrammar`]

@@ -530,9 +530,16 @@ impl ChatMessage {
 
 /// Render a chat template (Jinja, minijinja) for a conversation, with
 /// `add_generation_prompt = true` so the model answers as the assistant next.
-pub fn apply_chat_template(
+pub fn apply_chat_template(template: &str, messages: &[ChatMessage], bos: Option<&str>, eos: Option<&str>) -> Result<String> {
+    apply_chat_template_with_tools(template, messages, &[], bos, eos)
+}
+
+/// [`apply_chat_template`] with the functions the model may call (OpenAI's `tools`, which
+/// templates list as they are); none: `tools` is left undefined, as transformers leaves it.
+pub fn apply_chat_template_with_tools(
     template: &str,
     messages: &[ChatMessage],
+    tools: &[serde_json::Value],
     bos: Option<&str>,
     eos: Option<&str>,
 ) -> Result<String> {
@@ -547,8 +554,10 @@ pub fn apply_chat_template(
         messages.iter().map(|m| context! { role => m.role.as_str(), content => m.content.as_str() }).collect();
     // An absent token must be undefined, which renders as "", not none, which renders as "none".
     let token = |t: Option<&str>| t.map_or(JinjaValue::UNDEFINED, JinjaValue::from);
+    let tools = if tools.is_empty() { JinjaValue::UNDEFINED } else { JinjaValue::from(minijinja::value::Serde(tools)) };
     let ctx = context! {
         messages,
+        tools,
         add_generation_prompt => true,
         bos_token => token(bos),
         eos_token => token(eos),

@@ -96,6 +96,7 @@ fn generate(args: &GenerateArgs) -> Result<()> {
         sampling: args.sampling.params(),
         spec: args.engine.fixed_spec(),
         grammar: args.grammar.spec()?,
+        tools: None,
     };
     // Checked before the models load, so a bad value is reported at once.
     opts.validate()?;
