@@ -4,7 +4,7 @@
  * What kind of failure an error is, for programs: the JS API's `error.code`. Its string form is
  * serde's (`"invalid_argument"`), the one the package's TypeScript union is generated from.
  */
-export type ErrorCode = "bad_model" | "vocab_mismatch" | "no_webgpu" | "device_lost" | "out_of_memory" | "invalid_argument" | "aborted" | "gpu_error" | "server_error" | "internal";
+export type ErrorCode = "bad_model" | "vocab_mismatch" | "no_webgpu" | "device_lost" | "out_of_memory" | "invalid_argument" | "invalid_grammar" | "aborted" | "gpu_error" | "server_error" | "internal";
 
 /**
  * A decoding strategy, as a generation asks for it.
@@ -156,7 +156,39 @@ seed?: number, specK?: number, fanout?: string,
 /**
  * Wrap a string prompt as a user message in the model's chat template.
  */
-chat?: boolean, };
+chat?: boolean, 
+/**
+ * The output's format, as OpenAI's API takes it: `{ type: 'json_object' }` (any JSON
+ * object), `{ type: 'json_schema', json_schema: { name, schema, strict } }`, or
+ * `{ type: 'text' }` (the default: free text).
+ */
+responseFormat?: { "type": "text" } | { "type": "json_object" } | { "type": "json_schema", json_schema: { 
+/**
+ * What the schema is called (OpenAI requires one; it is not used here).
+ */
+name?: string, schema: Record<string, unknown>, 
+/**
+ * The output always follows the schema here: `false` is taken as `true`.
+ */
+strict?: boolean, }, }, 
+/**
+ * A Lark grammar (llguidance's dialect) the output matches.
+ */
+grammar?: string, 
+/**
+ * A regular expression the whole output matches.
+ */
+regex?: string, 
+/**
+ * Functions the model may call, OpenAI's `tools` (a chat prompt, a model whose chat template
+ * lists tools): the result's `toolCalls` holds the calls made.
+ */
+tools?: Array<Tool>, 
+/**
+ * OpenAI's `tool_choice`: `'auto'` (the default: a call or text), `'required'`, `'none'`, or
+ * `{ type: 'function', function: { name } }`.
+ */
+toolChoice?: 'auto' | 'required' | 'none' | { type: 'function', function: { name: string } }, };
 
 /**
  * What the engine says of what it loaded (the package adds where each model runs).
@@ -194,7 +226,11 @@ export type GenerateResult = { text: string,
 /**
  * Generated ids, including the stop token that ended generation.
  */
-tokens: Array<number>, promptTokens: number, finish: FinishReason, stats: Stats, };
+tokens: Array<number>, promptTokens: number, finish: FinishReason, stats: Stats, 
+/**
+ * With tools: the calls the output made (none where it answered in text, or was cut short).
+ */
+toolCalls?: Array<ToolCall>, };
 
 export type FinishReason = "eos" | "max_tokens" | "context_full" | "cancelled";
 
@@ -222,7 +258,11 @@ auto?: Choice,
 /**
  * With a target on a server: what its requests cost.
  */
-remote?: RemoteStats, };
+remote?: RemoteStats, 
+/**
+ * With a grammar: the tokens it forced and what its masks cost.
+ */
+grammar?: GrammarStats, };
 
 /**
  * One SD/SSD round, in ms from the start of decoding (after the prefill).
@@ -314,6 +354,46 @@ roundTripMs: number, serverMs: number,
  * Tokens sent that the server already held in its prefix cache, and all tokens sent.
  */
 cachedTokens: number, inputTokens: number, };
+
+/**
+ * What a grammar cost and saved in one generation (the `grammar` object of a generation's stats).
+ */
+export type GrammarStats = { 
+/**
+ * Output tokens the grammar forced: committed without being sampled (AR runs them with the
+ * next token's forward).
+ */
+forcedTokens: number, 
+/**
+ * Masks computed (forced positions need none).
+ */
+masks: number, 
+/**
+ * Milliseconds per mask: the median and the 99th percentile.
+ */
+maskMsMedian: number, maskMsP99: number, };
+
+/**
+ * A function the model may call: OpenAI's `{type: 'function', function: {name, description,
+ * parameters}}`, as the chat template takes it.
+ */
+export type Tool = { type: string, function: Function, };
+
+export type Function = { name: string, description?: string, 
+/**
+ * The arguments' JSON schema (default: any object).
+ */
+parameters?: Record<string, unknown>, };
+
+/**
+ * A call the model made.
+ */
+export type ToolCall = { name: string, 
+/**
+ * The arguments as JSON text, as OpenAI's API gives them (and so untouched by the JS API's
+ * renaming of result keys).
+ */
+arguments: string, };
 
 /**
  * What an option left out means (the package's `DEFAULTS`).

@@ -10,6 +10,7 @@ import type {
   Mode,
   ServerTarget,
   Stats,
+  Tool,
 } from './contract.generated.js';
 
 export * from './contract.generated.js';
@@ -89,8 +90,18 @@ export interface GenerateOptions extends EngineGenerateOptions {
 }
 
 export interface ChatMessage {
-  role: 'system' | 'user' | 'assistant';
-  content: string;
+  role: 'system' | 'user' | 'assistant' | 'tool';
+  /** `null` for an assistant turn that only called tools. */
+  content: string | null;
+  /** An assistant turn's calls, as a chat completion returned them. */
+  tool_calls?: ChatToolCall[];
+}
+
+/** A call as OpenAI's API writes it: the arguments as JSON text. */
+export interface ChatToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
 }
 
 export type Prompt = string | { messages: ChatMessage[] };
@@ -103,6 +114,9 @@ export interface EngineInfo extends EngineInfoBase {
   draftWorker: boolean;
 }
 
+/** OpenAI's `response_format`, as `GenerateOptions.responseFormat` takes it. */
+export type ResponseFormat = NonNullable<EngineGenerateOptions['responseFormat']>;
+
 export interface ChatCompletionRequest {
   messages: ChatMessage[];
   max_tokens?: number;
@@ -112,6 +126,17 @@ export interface ChatCompletionRequest {
   stream?: boolean;
   mode?: Mode;
   signal?: AbortSignal;
+  /** The output's format (OpenAI's: text, any JSON object, or a JSON schema); the engine's
+   * `responseFormat`. An invalid schema rejects with code 'invalid_grammar'. */
+  response_format?: ResponseFormat | null;
+  /** A Lark grammar the output matches (`GenerateOptions.grammar`; not OpenAI's). */
+  grammar?: string;
+  /** A regular expression the whole output matches (`GenerateOptions.regex`; not OpenAI's). */
+  regex?: string;
+  /** Functions the model may call (a model whose chat template lists tools, such as Qwen2.5):
+   * each call's arguments follow its schema, and a reply that calls ends with 'tool_calls'. */
+  tools?: Tool[];
+  tool_choice?: EngineGenerateOptions['toolChoice'];
 }
 
 export interface ChatCompletion {
@@ -119,7 +144,11 @@ export interface ChatCompletion {
   object: 'chat.completion';
   created: number;
   model: string;
-  choices: { index: number; message: { role: 'assistant'; content: string }; finish_reason: 'stop' | 'length' }[];
+  choices: {
+    index: number;
+    message: { role: 'assistant'; content: string | null; tool_calls?: (ChatToolCall & { index: number })[] };
+    finish_reason: 'stop' | 'length' | 'tool_calls';
+  }[];
   usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
   stats: Stats;
 }
@@ -129,7 +158,11 @@ export interface ChatCompletionChunk {
   object: 'chat.completion.chunk';
   created: number;
   model: string;
-  choices: { index: number; delta: { role?: 'assistant'; content?: string }; finish_reason: 'stop' | 'length' | null }[];
+  choices: {
+    index: number;
+    delta: { role?: 'assistant'; content?: string; tool_calls?: (ChatToolCall & { index: number })[] };
+    finish_reason: 'stop' | 'length' | 'tool_calls' | null;
+  }[];
   usage?: ChatCompletion['usage'];
 }
 

@@ -24,7 +24,8 @@ function fail(info) {
   return new SaguaroError(info.code, info.message);
 }
 
-/** OpenAI's finish_reason for ours ('cancelled' never gets here: it rejects as 'aborted'). */
+/** OpenAI's finish_reason for ours ('cancelled' never gets here: it rejects as 'aborted'). A
+ * grammar that completed ends the generation as 'eos' does: 'stop'. */
 const FINISH_REASONS = { eos: 'stop', max_tokens: 'length', context_full: 'length' };
 
 /** Where a model comes from, in a form a worker can receive: a resolved URL string, a Blob, or a
@@ -420,10 +421,16 @@ export class Saguaro {
   }
 
   async #chatCompletion(req) {
-    const { messages, max_tokens, temperature, top_p, seed, stream, signal, mode } = req ?? {};
-    if (!Array.isArray(messages) || messages.length === 0) throw new SaguaroError('invalid_argument', 'messages: give at least one {role, content}');
-    // Left out, each is the engine's default (`DEFAULTS`).
-    const opts = { maxTokens: max_tokens, temperature, topP: top_p, seed, signal, mode };
+    const { max_tokens, temperature, top_p, seed, stream, signal, mode, response_format, grammar, regex, tools, tool_choice } = req ?? {};
+    if (!Array.isArray(req?.messages) || req.messages.length === 0) throw new SaguaroError('invalid_argument', 'messages: give at least one {role, content}');
+    // Earlier calls go to the chat template as transformers hands them over: arguments parsed.
+    const messages = req.messages.map(({ role, content, tool_calls }) => ({
+      role,
+      content: content ?? '',
+      ...(tool_calls?.length && { tool_calls: tool_calls.map((c) => ({ type: 'function', function: { name: c.function.name, arguments: JSON.parse(c.function.arguments || '{}') } })) }),
+    }));
+    // Left out, each is the engine's default (`DEFAULTS`); the engine checks the formats.
+    const opts = { maxTokens: max_tokens, temperature, topP: top_p, seed, signal, mode, responseFormat: response_format ?? undefined, grammar, regex, tools, toolChoice: tool_choice };
     for (const k of Object.keys(opts)) if (opts[k] === undefined) delete opts[k];
     const id = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const created = Math.floor(Date.now() / 1000);
@@ -432,33 +439,37 @@ export class Saguaro {
       for (const s of stops) if (s && text.endsWith(s)) return text.slice(0, -s.length);
       return text;
     };
-    const reason = (finish) => FINISH_REASONS[finish];
+    const calls = (r) => r.toolCalls?.map((c, i) => ({ index: i, id: `call_${id.slice(9)}_${i}`, type: 'function', function: { name: c.name, arguments: c.arguments } }));
+    const reason = (r) => (r.toolCalls?.length ? 'tool_calls' : FINISH_REASONS[r.finish]);
     const usage = (r) => ({ prompt_tokens: r.promptTokens, completion_tokens: r.tokens.length, total_tokens: r.promptTokens + r.tokens.length });
     if (!stream) {
       const r = await this.generate({ messages }, opts);
-      return {
-        id,
-        object: 'chat.completion',
-        created,
-        model: 'saguaro',
-        choices: [{ index: 0, message: { role: 'assistant', content: strip(r.text) }, finish_reason: reason(r.finish) }],
-        usage: usage(r),
-        stats: r.stats,
-      };
+      const message = r.toolCalls?.length ? { role: 'assistant', content: null, tool_calls: calls(r) } : { role: 'assistant', content: strip(r.text) };
+      return { id, object: 'chat.completion', created, model: 'saguaro', choices: [{ index: 0, message, finish_reason: reason(r) }], usage: usage(r), stats: r.stats };
     }
     const s = this.stream({ messages }, opts);
     const chunk = (delta, finish_reason = null) => ({ id, object: 'chat.completion.chunk', created, model: 'saguaro', choices: [{ index: 0, delta, finish_reason }] });
+    // With tools the output may be calls, which begin with '<' (plain text never does, the tools'
+    // grammar says): nothing of it streams as content until its first character shows which.
+    const mayCall = tools?.length && tool_choice !== 'none';
     return (async function* () {
       yield chunk({ role: 'assistant', content: '' });
       // One piece is held back so the stop token's text can be cut from the last one.
       let held = null;
+      let text = '';
       for await (const piece of s) {
+        text += piece;
+        if (mayCall && !/\S/.test(text)) continue;
+        if (mayCall && text.trimStart().startsWith('<')) continue;
         if (held !== null) yield chunk({ content: held });
-        held = piece;
+        held = held === null && mayCall ? text : piece;
       }
       const r = await s.result;
-      if (held !== null && strip(held)) yield chunk({ content: strip(held) });
-      const last = chunk({}, reason(r.finish));
+      // A call cut short by max_tokens is text after all.
+      const rest = held ?? (mayCall ? text : null);
+      if (r.toolCalls?.length) yield chunk({ tool_calls: calls(r) });
+      else if (rest !== null && strip(rest)) yield chunk({ content: strip(rest) });
+      const last = chunk({}, reason(r));
       last.usage = usage(r);
       yield last;
     })();

@@ -40,6 +40,9 @@ fn select_rows(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
     }
 }
 
+// -inf's bits: Tint refuses a constant that is not finite, even one made by a bitcast.
+var<private> NEG_INF_BITS: u32 = 0xff800000u;
+
 // out[r, c] = -inf where bit c of row r's bitset in `rows` (ceil(cols / 32) words a row) is clear
 @compute @workgroup_size(256)
 fn mask(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
@@ -49,7 +52,7 @@ fn mask(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
         let c = i % p.cols;
         let word = rows[r * ((p.cols + 31u) / 32u) + c / 32u];
         if (((word >> (c % 32u)) & 1u) == 0u) {
-            out[i] = bitcast<f32>(0xff800000u);
+            out[i] = bitcast<f32>(NEG_INF_BITS);
         }
     }
 }

@@ -245,6 +245,8 @@ pub struct Completion {
     pub finish: FinishReason,
     pub stats: Stats,
     /// With tools: the calls the output made (none where it answered in text, or was cut short).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(test, ts(optional = nullable))]
     pub tool_calls: Vec<ToolCall>,
 }
 
@@ -743,7 +745,7 @@ impl Engine {
         let auto = auto.is_some();
         let wanted = match (&opts.tools, &opts.grammar) {
             (Some(_), Some(_)) => return Err(Error::option("grammar", "cannot be given with tools, which hold the output to their calls")),
-            (Some(t), None) => Some(tools::grammar(&t.tools, &t.choice, self.vocabulary()?.is_special("<tool_call>"))?),
+            (Some(t), None) => tools::grammar(&t.tools, &t.choice, self.vocabulary()?.is_special("<tool_call>"))?,
             (None, g) => g.clone(),
         };
         let grammar = wanted.as_ref().map(|g| self.compile(g)).transpose()?;

@@ -159,7 +159,8 @@ fn a_required_tool_call_follows_its_schema_in_every_mode() {
     let ar = call(&mut e, Mode::Ar, ToolChoice::Required).unwrap();
     assert_eq!(ar.tool_calls.len(), 1, "{}", ar.text);
     assert_eq!(ar.tool_calls[0].name, "weather", "{}", ar.text);
-    assert!(ar.tool_calls[0].arguments["city"].is_string(), "{}", ar.text);
+    let args: serde_json::Value = serde_json::from_str(&ar.tool_calls[0].arguments).unwrap();
+    assert!(args["city"].is_string(), "{}", ar.text);
     let sd = call(&mut e, Mode::Sd, ToolChoice::Required).unwrap();
     assert_eq!(sd.tokens, ar.tokens, "SD: {}", sd.text);
     let named = call(&mut e, Mode::Ar, ToolChoice::Named("time".into())).unwrap();

@@ -33,7 +33,7 @@ use futures::executor::block_on;
 use saguaro::backend::cpu::{CpuBackend, Precision};
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
 use saguaro::backend::draw::race_bits;
-use saguaro::backend::{random_weight, Activation, AttnShape, Backend, Batch, Draw, KvCache, Mask, Rope, SparseDist, NO_SLOT};
+use saguaro::backend::{random_weight, Activation, Allowed, AttnShape, Backend, Batch, Draw, KvCache, Mask, Rope, SparseDist, NO_SLOT};
 use saguaro::sampling;
 use saguaro::storage::quant::DType;
 use saguaro::storage::Weight;
@@ -267,6 +267,7 @@ suite!(
     rope_pair,
     glu,
     add_and_select_rows,
+    mask,
     embed,
     matmul,
     matmul_bias_and_long_rows,
@@ -449,6 +450,58 @@ fn add_and_select_rows<B: Backend>(b: &B, _: &Tol) {
     let got = read(b, &b.select_rows(&t, &picks).unwrap());
     let want: Vec<f64> = picks.iter().flat_map(|&r| sum[r as usize * cols..(r as usize + 1) * cols].iter().copied()).collect();
     check(&got, &want, |_| 0.0, &format!("{}: select_rows", b.name()));
+}
+
+/// `mask` against `Allowed::apply` on random logits and random bitsets: rows of random bits,
+/// rows allowing everything, rows given too few words (the rest disallowed) and rows with bits
+/// set past the last column; row lengths that are and are not multiples of 32. Exact: each value
+/// is either kept bit for bit or -inf.
+fn mask<B: Backend>(b: &B, _: &Tol) {
+    let mut rng = TestRng::new(19);
+    for (rows, cols) in [(1, 32), (3, 301), (5, 33), (2, 5003)] {
+        let x: Vec<f32> = rng.vec(rows * cols).iter().map(|v| 10.0 * v).collect();
+        let mut allowed = Allowed::new(cols);
+        for r in 0..rows {
+            let words = allowed.words();
+            match r % 4 {
+                1 => allowed.push_all(),
+                2 => allowed.push(&[rng.next() as u32]), // one word: tokens 32.. disallowed
+                _ => {
+                    // Sparse and dense words alike, every bit of the last word set, as a grammar
+                    // engine may leave them.
+                    let bits: Vec<u32> = (0..words)
+                        .map(|w| match rng.below(3) {
+                            _ if w + 1 == words && cols % 32 != 0 => u32::MAX,
+                            0 => 1 << rng.below(32),
+                            _ => rng.next() as u32,
+                        })
+                        .collect();
+                    allowed.push(&bits);
+                }
+            }
+        }
+        let mut want = x.clone();
+        allowed.apply(&mut want);
+        let kept = want.iter().filter(|v| v.is_finite()).count();
+        assert!(kept > 0 && kept < want.len(), "the bitsets keep some values and mask others");
+        let mut t = up(b, rows, cols, &x);
+        b.mask(&mut t, &allowed).unwrap();
+        let got = read(b, &t);
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{}: mask {rows}x{cols}: element {i} (row {}, column {}): got {g}, reference {w}", b.name(), i / cols, i % cols);
+        }
+        eprintln!("{}: mask {rows}x{cols}: {kept} of {} kept, all exact", b.name(), want.len());
+    }
+    // A bitset of another shape is an error, not a partial mask.
+    let mut t = up(b, 2, 40, &rng.vec(80));
+    let mut one = Allowed::new(40);
+    one.push_all();
+    assert!(b.mask(&mut t, &one).is_err(), "{}: mask with 1 row of bits for 2 rows", b.name());
+    let mut wide = Allowed::new(41);
+    wide.push_all();
+    wide.push_all();
+    assert!(b.mask(&mut t, &wide).is_err(), "{}: mask with 41 columns of bits for 40", b.name());
 }
 
 /// Rows `ids` of `table` against its reference decoding.

@@ -16,6 +16,8 @@ use super::{camel, defaults, limits, Backend, Defaults, EngineInfo, GenerateOpts
 use crate::backend::KvCache;
 use crate::decode::{Backup, Choice, Costs, FinishReason, Mode, Observed, RemoteStats, RoundTimes, Stats};
 use crate::engine::Completion;
+use crate::grammar::tools::{Function, Tool, ToolCall};
+use crate::grammar::GrammarStats;
 use crate::error::ErrorCode;
 
 const REGENERATE: &str = "scripts/gen-contract.sh";
@@ -63,6 +65,10 @@ fn declarations() -> Vec<Decl> {
         decl::<Costs>(&cfg),
         decl::<Observed>(&cfg),
         decl::<RemoteStats>(&cfg),
+        decl::<GrammarStats>(&cfg),
+        decl::<Tool>(&cfg),
+        decl::<Function>(&cfg),
+        decl::<ToolCall>(&cfg),
         decl::<Defaults>(&cfg),
         decl::<Limits>(&cfg),
     ]
@@ -254,6 +260,7 @@ fn result_types_name_the_keys_js_receives() {
         timeline: Some(vec![round.clone()]),
         auto: Some(choice.clone()),
         remote: Some(RemoteStats::default()),
+        grammar: Some(GrammarStats::default()),
         ..Stats::default()
     };
     check_result(&full, &Stats::default());
@@ -262,8 +269,10 @@ fn result_types_name_the_keys_js_receives() {
     check_result(&costs, &Costs { tree_step: None, ..costs.clone() });
     check_result(&costs.observed[0], &costs.observed[0]);
     check_result(&RemoteStats::default(), &RemoteStats::default());
-    let completion = Completion { text: "x".into(), tokens: vec![1], prompt_tokens: 1, finish: FinishReason::Eos, stats: full };
-    check_result(&completion, &completion);
+    let call = ToolCall { name: "f".into(), arguments: "{}".into() };
+    let completion = Completion { text: "x".into(), tokens: vec![1], prompt_tokens: 1, finish: FinishReason::Eos, stats: full, tool_calls: vec![call] };
+    check_result(&completion, &Completion { tool_calls: vec![], ..completion.clone() });
+    check_result(&GrammarStats::default(), &GrammarStats::default());
     let info = |draft_device| EngineInfo {
         target_backend: "cpu".into(),
         draft_device,

@@ -1,6 +1,8 @@
 //! The JS API's option objects (camelCase, every field optional) and their checks: a wrong value
 //! is an [`Invalid`] that names the option (in JS an `invalid_argument` error).
 
+use crate::engine::ToolUse;
+use crate::grammar::tools::{Tool, ToolChoice};
 use crate::grammar::GrammarSpec;
 use std::str::FromStr;
 
@@ -242,11 +244,19 @@ pub struct GenerateOpts {
     /// The output's format, as OpenAI's API takes it: `{ type: 'json_object' }` (any JSON
     /// object), `{ type: 'json_schema', json_schema: { name, schema, strict } }`, or
     /// `{ type: 'text' }` (the default: free text).
+    #[cfg_attr(test, ts(inline))]
     response_format: Option<ResponseFormat>,
     /// A Lark grammar (llguidance's dialect) the output matches.
     grammar: Option<String>,
     /// A regular expression the whole output matches.
     regex: Option<String>,
+    /// Functions the model may call, OpenAI's `tools` (a chat prompt, a model whose chat template
+    /// lists tools): the result's `toolCalls` holds the calls made.
+    tools: Option<Vec<Tool>>,
+    /// OpenAI's `tool_choice`: `'auto'` (the default: a call or text), `'required'`, `'none'`, or
+    /// `{ type: 'function', function: { name } }`.
+    #[cfg_attr(test, ts(optional, type = "'auto' | 'required' | 'none' | { type: 'function', function: { name: string } }"))]
+    tool_choice: Option<serde_json::Value>,
 }
 
 /// OpenAI's `response_format`.
@@ -256,7 +266,10 @@ pub struct GenerateOpts {
 pub enum ResponseFormat {
     Text,
     JsonObject,
-    JsonSchema { json_schema: JsonSchemaFormat },
+    JsonSchema {
+        #[cfg_attr(test, ts(inline))]
+        json_schema: JsonSchemaFormat,
+    },
 }
 
 /// A JSON schema as OpenAI's `response_format` names it.
@@ -313,7 +326,15 @@ impl GenerateOpts {
         if given.next().is_some() {
             return Err(Invalid("responseFormat, grammar, regex: give at most one".into()));
         }
-        Ok(GenerateOptions { mode, max_tokens, sampling, spec, grammar })
+        let tools = match (&self.tools, &self.tool_choice) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(Invalid("toolChoice: give tools to choose among".into())),
+            (Some(tools), choice) => {
+                let choice = choice.as_ref().map(ToolChoice::from_openai).transpose().map_err(|e| Invalid(e.to_string()))?;
+                Some(ToolUse { tools: tools.clone(), choice: choice.unwrap_or_default() })
+            }
+        };
+        Ok(GenerateOptions { mode, max_tokens, sampling, spec, grammar, tools })
     }
 }
 

@@ -44,6 +44,22 @@ pub enum ToolChoice {
     Required,
     /// A call of this function.
     Named(String),
+    /// No call: the tools are listed, the output is free text.
+    None,
+}
+
+impl ToolChoice {
+    /// OpenAI's `tool_choice`: `"auto"`, `"required"`, `"none"` or `{type: "function",
+    /// function: {name}}`.
+    pub fn from_openai(v: &Value) -> Result<ToolChoice> {
+        match (v.as_str(), v["function"]["name"].as_str()) {
+            (Some("auto"), _) => Ok(ToolChoice::Auto),
+            (Some("required"), _) => Ok(ToolChoice::Required),
+            (Some("none"), _) => Ok(ToolChoice::None),
+            (None, Some(name)) if v["type"] == "function" => Ok(ToolChoice::Named(name.into())),
+            _ => Err(Error::option("tool_choice", format!("must be \"auto\", \"required\", \"none\" or {{type: \"function\", function: {{name}}}}, got {v}"))),
+        }
+    }
 }
 
 /// A call the model made.
@@ -51,13 +67,15 @@ pub enum ToolChoice {
 #[cfg_attr(test, derive(ts_rs::TS))]
 pub struct ToolCall {
     pub name: String,
-    #[cfg_attr(test, ts(type = "Record<string, unknown>"))]
-    pub arguments: Value,
+    /// The arguments as JSON text, as OpenAI's API gives them (and so untouched by the JS API's
+    /// renaming of result keys).
+    pub arguments: String,
 }
 
-/// The grammar for calling `tools` as `choice` says; `special` says whether the tokenizer holds
-/// the call's tags as special tokens (then the grammar names them as such, else it spells them).
-pub fn grammar(tools: &[Tool], choice: &ToolChoice, special: bool) -> Result<GrammarSpec> {
+/// The grammar for calling `tools` as `choice` says (none for [`ToolChoice::None`]); `special`
+/// says whether the tokenizer holds the call's tags as special tokens (then the grammar names
+/// them as such, else it spells them).
+pub fn grammar(tools: &[Tool], choice: &ToolChoice, special: bool) -> Result<Option<GrammarSpec>> {
     if tools.is_empty() {
         return Err(Error::option("tools", "is empty: give at least one function, or leave tools out"));
     }
@@ -65,6 +83,7 @@ pub fn grammar(tools: &[Tool], choice: &ToolChoice, special: bool) -> Result<Gra
         return Err(Error::InvalidArgument(format!("tools: type {:?} is not supported (only \"function\")", t.kind)));
     }
     let callable: Vec<&Tool> = match choice {
+        ToolChoice::None => return Ok(None),
         ToolChoice::Named(name) => {
             let t = tools.iter().filter(|t| &t.function.name == name).collect::<Vec<_>>();
             if t.is_empty() {
@@ -100,7 +119,7 @@ pub fn grammar(tools: &[Tool], choice: &ToolChoice, special: bool) -> Result<Gra
         ToolChoice::Auto => format!("start: calls | TEXT\nTEXT: /[^<](.|\\n)*/\n{lark}"),
         _ => format!("start: calls\n{lark}"),
     };
-    Ok(GrammarSpec::Lark(lark))
+    Ok(Some(GrammarSpec::Lark(lark)))
 }
 
 /// The calls in an output written as [`grammar`] admits; none for plain text.
@@ -111,7 +130,7 @@ pub fn parse(text: &str) -> Result<Vec<ToolCall>> {
         let end = body.find(CLOSE).ok_or_else(|| Error::InvalidGrammar(format!("a tool call without its {CLOSE}")))?;
         let call: Value = serde_json::from_str(body[..end].trim()).map_err(|e| Error::InvalidGrammar(format!("a tool call that is not JSON: {e}")))?;
         let name = call["name"].as_str().ok_or_else(|| Error::InvalidGrammar("a tool call without a name".into()))?;
-        calls.push(ToolCall { name: name.to_string(), arguments: call["arguments"].clone() });
+        calls.push(ToolCall { name: name.to_string(), arguments: call["arguments"].to_string() });
         rest = body[end + CLOSE.len()..].trim_start();
     }
     Ok(calls)
@@ -134,11 +153,15 @@ mod tests {
         let text = "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
         let calls = parse(text).unwrap();
         assert_eq!(calls.len(), 2);
-        assert_eq!((calls[1].name.as_str(), &calls[1].arguments["city"]), ("weather", &json!("Rome")));
+        let args: Value = serde_json::from_str(&calls[1].arguments).unwrap();
+        assert_eq!((calls[1].name.as_str(), &args["city"]), ("weather", &json!("Rome")));
         assert!(parse("It is sunny.").unwrap().is_empty());
         assert!(grammar(&[weather()], &ToolChoice::Named("time".into()), true).is_err());
         assert!(grammar(&[], &ToolChoice::Auto, true).is_err());
-        let GrammarSpec::Lark(g) = grammar(&[weather()], &ToolChoice::Required, false).unwrap() else { panic!() };
+        let Some(GrammarSpec::Lark(g)) = grammar(&[weather()], &ToolChoice::Required, false).unwrap() else { panic!() };
+        assert_eq!(grammar(&[weather()], &ToolChoice::None, false).unwrap(), None);
+        assert_eq!(ToolChoice::from_openai(&json!({"type": "function", "function": {"name": "weather"}})).unwrap(), ToolChoice::Named("weather".into()));
+        assert!(ToolChoice::from_openai(&json!("sometimes")).is_err());
         assert!(g.starts_with("start: calls\n") && g.contains("\"<tool_call>\""), "{g}");
     }
 }

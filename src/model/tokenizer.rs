@@ -517,14 +517,18 @@ impl<'a> StreamDecoder<'a> {
 /// One message of a conversation, as chat templates (and OpenAI-style APIs) take them.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool` (a call's result).
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls, as templates take them: `{type: "function", function:
+    /// {name, arguments}}`, the arguments an object.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
 }
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), tool_calls: Vec::new() }
     }
 }
 
@@ -550,8 +554,13 @@ pub fn apply_chat_template_with_tools(
     env.add_function("raise_exception", |msg: String| -> Result<(), minijinja::Error> {
         Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
     });
-    let messages: Vec<_> =
-        messages.iter().map(|m| context! { role => m.role.as_str(), content => m.content.as_str() }).collect();
+    let messages: Vec<_> = messages
+        .iter()
+        .map(|m| match m.tool_calls.is_empty() {
+            true => context! { role => m.role.as_str(), content => m.content.as_str() },
+            false => context! { role => m.role.as_str(), content => m.content.as_str(), tool_calls => JinjaValue::from(minijinja::value::Serde(&m.tool_calls)) },
+        })
+        .collect();
     // An absent token must be undefined, which renders as "", not none, which renders as "none".
     let token = |t: Option<&str>| t.map_or(JinjaValue::UNDEFINED, JinjaValue::from);
     let tools = if tools.is_empty() { JinjaValue::UNDEFINED } else { JinjaValue::from(minijinja::value::Serde(tools)) };

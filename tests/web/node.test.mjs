@@ -1,8 +1,9 @@
 // The packed npm package in Node, installed into a fresh project (scripts/test-web.sh does that
 // and runs this file there): SmolLM2 from bytes on the CPU backend, AR and SSD against the golden
-// greedy ids, streaming (and leaving a stream early), the chat API, abort, errors, options only the
-// engine knows, and a model served gzip-encoded; sampled AR against the native engine's
-// (`saguaro generate`, SAGUARO_BIN) for the same seed.
+// greedy ids, streaming (and leaving a stream early), the chat API, abort, structured output
+// (responseFormat, OpenAI's response_format, an invalid schema), errors, options only the engine
+// knows, and a model served gzip-encoded; sampled AR against the native engine's (`saguaro
+// generate`, SAGUARO_BIN) for the same seed.
 // Usage: SAGUARO_MODELS=DIR node --test node.test.mjs   (cwd: a project with saguaro-web installed)
 import { readFile } from 'node:fs/promises';
 import { createServer } from 'node:http';
@@ -153,6 +154,59 @@ test('chat.completions.create', async (t) => {
     finishReason = c.choices[0].finish_reason ?? finishReason;
   }
   await check(t, chunks === reply.message.content && finishReason === 'stop', 'streamed chat chunks equal the non-streamed reply, and it ends with stop');
+});
+
+test('structured output', async (t) => {
+  const parses = (text) => {
+    try {
+      return JSON.parse(text);
+    } catch {
+      return undefined;
+    }
+  };
+  const ask = (content) => ({ messages: [{ role: 'user', content }] });
+  // Greedy, and short enough to close well within maxTokens (asked to describe a cat, this model
+  // is still inside its object after 48 tokens).
+  const obj = await engine.generate(ask('Reply with a JSON object with one key, "ok", set to true.'), { mode: 'ar', maxTokens: 48, responseFormat: { type: 'json_object' } });
+  // The grammar, complete, ends the generation ('eos'): the text is the object alone.
+  const parsed = parses(obj.text.trim());
+  await check(t, obj.finish === 'eos' && parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed),
+    `responseFormat json_object: greedy output is a JSON object that ends the generation (${obj.finish}: ${JSON.stringify(obj.text)})`);
+  await check(t, obj.stats.grammar && obj.stats.grammar.masks > 0, `stats.grammar reports the masks (${JSON.stringify(obj.stats.grammar)})`);
+  // OpenAI's response_format on the chat API: a schema with a short field, the reply 'stop'.
+  const schema = { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false };
+  const chat = await engine.chat.completions.create({ ...ask('Is water wet? Answer in JSON.'), max_tokens: 48, response_format: { type: 'json_schema', json_schema: { name: 'x', schema, strict: true } } });
+  const reply = chat.choices[0];
+  const answer = parses(reply.message.content.trim());
+  await check(t, reply.finish_reason === 'stop' && typeof answer?.ok === 'boolean' && Object.keys(answer).length === 1,
+    `chat response_format json_schema: the reply follows the schema and ends with stop (${reply.finish_reason}: ${JSON.stringify(reply.message.content)})`);
+});
+
+test('tools on a model whose chat template lists none', async (t) => {
+  const tools = [{ type: 'function', function: { name: 'weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+  const code = async (p) => p.then(() => null, (e) => e.code);
+  const chat = await code(engine.chat.completions.create({ messages: [{ role: 'user', content: 'Weather in Oslo?' }], max_tokens: 8, tools, tool_choice: 'required' }));
+  await check(t, chat === 'invalid_argument', `tools on SmolLM2 (no tools in its template): invalid_argument (${chat})`);
+  const choice = await code(engine.generate(g.prompt, { maxTokens: 4, toolChoice: 'auto' }));
+  await check(t, choice === 'invalid_argument', `toolChoice without tools: invalid_argument (${choice})`);
+});
+
+test('an invalid schema', async (t) => {
+  const codeOf = async (p) => {
+    try {
+      await p;
+      return null;
+    } catch (e) {
+      return e.code;
+    }
+  };
+  const bad = { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'nonsense' } } };
+  const got = await codeOf(engine.generate(g.prompt, { mode: 'ar', maxTokens: n, responseFormat: bad }));
+  await check(t, got === 'invalid_grammar', `generate with an invalid schema: code invalid_grammar (${got})`);
+  const chat = await codeOf(engine.chat.completions.create({ messages: [{ role: 'user', content: 'Hi.' }], max_tokens: 8, response_format: bad }));
+  await check(t, chat === 'invalid_grammar', `chat with an invalid response_format schema: code invalid_grammar (${chat})`);
+  const after = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
+  await check(t, JSON.stringify(after.tokens) === JSON.stringify(ar.tokens), 'the engine still generates after an invalid schema, as before');
 });
 
 test('errors', async (t) => {
