@@ -29,6 +29,15 @@ impl Allowed {
         self.bits.len() / self.words().max(1)
     }
 
+    /// `rows` rows over `cols` tokens of which only the last is masked, by `bits`: a causal
+    /// batch whose last row alone picks the next token.
+    pub fn last_of(cols: usize, rows: usize, bits: &[u32]) -> Self {
+        let mut a = Allowed::new(cols);
+        (1..rows).for_each(|_| a.push_all());
+        a.push(bits);
+        a
+    }
+
     /// Add a row allowing the tokens set in `bits` (shorter: the rest disallowed; bits past
     /// `cols` are ignored).
     pub fn push(&mut self, bits: &[u32]) {

@@ -137,12 +137,12 @@ impl Constraint {
             self.matcher.consume_token(t).map_err(|e| self.failed(e))?;
             walked += 1;
         }
-        if valid == tokens.len() && !tokens.last().is_some_and(|t| self.stop.contains(t)) {
-            rows.push(&self.allowed()?);
-        } else {
-            // After a stop token the output has ended: that row decides nothing.
-            if rows.rows() == valid {
-                rows.push_all();
+        // The row after the last allowed token, unless the walk stopped at a refused one (whose
+        // row is the last already); after a stop token the output has ended: it decides nothing.
+        if rows.rows() == valid {
+            match tokens[..valid].last().is_some_and(|t| self.stop.contains(t)) {
+                true => rows.push_all(),
+                false => rows.push(&self.allowed()?),
             }
         }
         self.matcher.rollback(walked).map_err(|e| self.failed(e))?;

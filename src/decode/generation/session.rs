@@ -33,7 +33,7 @@ pub(crate) async fn prefill(target: &mut dyn Lm, req: &Request, mode: &str) -> R
     let stats = Stats { mode: mode.into(), prompt_tokens: req.prompt.len(), ..Stats::default() };
     let started = Instant::now();
     let mut grammar = req.grammar.as_ref().map(|g| g.start(&req.stop));
-    let allowed = grammar.as_mut().map(|g| g.allowed().map(|row| last_row(g, &row, 1))).transpose()?;
+    let allowed = grammar.as_mut().map(|g| g.allowed().map(|row| Arc::new(Allowed::last_of(g.cols(), 1, &row)))).transpose()?;
     let first = pick_next(target, &req.prompt, &req.sampling, &mut rng, allowed).await?;
     Ok(Prefill { grammar, rng, stats, first, started })
 }
@@ -61,14 +61,7 @@ pub(crate) fn constrain(run: &mut Decoding<'_>, proposal: &mut Proposal) -> Resu
 /// Masks for `rows` output rows of which only the last picks a token, where a grammar
 /// constrains it: that row masked for the next position, the rows before it left whole.
 pub(crate) fn next_mask(out: &mut Output<'_>, rows: usize) -> Result<Option<Arc<Allowed>>> {
-    out.grammar.as_mut().map(|g| g.allowed().map(|row| last_row(g, &row, rows))).transpose()
-}
-
-fn last_row(g: &Constraint, row: &[u32], rows: usize) -> Arc<Allowed> {
-    let mut a = Allowed::new(g.cols());
-    (1..rows).for_each(|_| a.push_all());
-    a.push(row);
-    Arc::new(a)
+    out.grammar.as_mut().map(|g| g.allowed().map(|row| Arc::new(Allowed::last_of(g.cols(), rows, &row)))).transpose()
 }
 
 /// A generation after its prefill.

@@ -264,10 +264,7 @@ impl<M: DraftLm> DraftKv<M> {
         let tokens = &run.line[run.written..];
         let allowed = mask.map(|row| {
             let rows = if matches!(want, Want::AllArgmax) { tokens.len() } else { 1 };
-            let mut a = Allowed::new(self.lm.get().config().vocab_size);
-            (1..rows).for_each(|_| a.push_all());
-            a.push(row);
-            Arc::new(a)
+            Arc::new(Allowed::last_of(self.lm.get().config().vocab_size, rows, row))
         });
         let out = append_masked(self.lm.get_mut(), tokens, want, allowed).await?;
         run.written = run.line.len();
