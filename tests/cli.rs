@@ -34,6 +34,10 @@ fn bad_values_are_refused_by_flag_and_range() {
         (&["--context", "0"], "error: --context: must be at least 1 token"),
         (&["--fanout", "uniform:0"], "'--fanout <FANOUT>': invalid fanout: uniform fan-out needs at least 1"),
         (&["--max-tokens", "-3"], "invalid value '-3' for '--max-tokens <MAX_TOKENS>'"),
+        (&["--json-schema", "{not json"], "error: invalid grammar: JSON schema: not JSON"),
+        (&["--json-schema", "no-such-schema.json"], "no-such-schema.json"),
+        (&["--grammar", "no-such-grammar.lark"], "no-such-grammar.lark"),
+        (&["--json-object", "--regex", "a"], "cannot be used with"),
     ] {
         let (ok, _, err) = saguaro(&[args, &["--prompt", "hi"]].concat());
         assert!(!ok, "{args:?} was accepted");
