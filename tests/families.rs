@@ -133,7 +133,7 @@ fn a_tree_deeper_than_the_sliding_window_is_refused() {
         tokens: vec![5],
         positions: vec![10 + depth],
         slots: vec![40],
-        mask: Mask { prefix: vec![10], extra_stride: 2, extra: vec![30, NO_SLOT] },
+        mask: Mask { prefix: vec![10], extra_stride: 2, extra: vec![30, NO_SLOT], base: vec![] },
         allowed: None,
     };
     block_on(lm.logits(&Batch::causal(&[7; 10], 0), &[9])).unwrap();

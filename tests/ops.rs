@@ -799,7 +799,7 @@ fn tree_step<B: Backend>(b: &B, tol: &Tol, shape: AttnShape, seed: u64) {
         tokens: vec![0; 5],
         positions: vec![70, 71, 71, 72, 72],
         slots: (80..85).collect(),
-        mask: Mask { prefix: vec![70, 70, 65, 0, 70], extra_stride: stride, extra },
+        mask: Mask { prefix: vec![70, 70, 65, 0, 70], extra_stride: stride, extra, base: vec![] },
         allowed: None,
     };
     a.run(&batch, "tree step");

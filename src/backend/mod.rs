@@ -20,8 +20,11 @@ use crate::storage::Weight;
 /// Marks a padding entry in [`Mask::extra`].
 pub const NO_SLOT: u32 = u32::MAX;
 
-/// Which KV-cache slots each query row attends to: every slot below `prefix[r]`, plus up to
-/// `extra_stride` explicit slots `extra[r * extra_stride..]` (padded with [`NO_SLOT`]).
+/// Which KV-cache slots each query row attends to: every slot from `base[r]` below `prefix[r]`,
+/// plus up to `extra_stride` explicit slots `extra[r * extra_stride..]` (padded with [`NO_SLOT`]).
+/// `base[r]` is the first slot of the row's sequence where several sequences share one cache,
+/// each in its own region (`model::shared`), its position `p` at slot `base[r] + p`; empty `base`
+/// means every row's sequence starts at slot 0.
 /// Causal attention is `prefix[r] = slot[r] + 1` with no extras; an SSD tree branch attends to the
 /// committed prefix and the glue tokens up to its k, plus its own earlier tree tokens as extras.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +32,7 @@ pub struct Mask {
     pub prefix: Vec<u32>,
     pub extra_stride: usize,
     pub extra: Vec<u32>,
+    pub base: Vec<u32>,
 }
 
 /// One forward's input: `tokens[r]` at rope position `positions[r]`, writing its K/V to cache slot
@@ -49,7 +53,7 @@ impl Batch {
         let idx: Vec<u32> = (start..start + tokens.len()).map(|i| i as u32).collect();
         Batch {
             tokens: tokens.to_vec(),
-            mask: Mask { prefix: idx.iter().map(|s| s + 1).collect(), extra_stride: 0, extra: vec![] },
+            mask: Mask { prefix: idx.iter().map(|s| s + 1).collect(), extra_stride: 0, extra: vec![], base: vec![] },
             positions: idx.clone(),
             slots: idx,
             allowed: None,
@@ -73,10 +77,16 @@ impl Batch {
             .chain(extra.iter().filter(|&&s| s != NO_SLOT).map(|&s| s as usize))
     }
 
-    /// The first prefix slot row `r` attends to under a sliding `window` (at most its prefix).
+    /// The first prefix slot row `r` attends to: its sequence's first, or under a sliding
+    /// `window` the first within it (at most its prefix).
     pub fn window_start(&self, r: usize, window: Option<u32>) -> usize {
         let start = window.map_or(0, |w| (self.positions[r] as usize + 1).saturating_sub(w as usize));
-        start.min(self.mask.prefix[r] as usize)
+        (self.base(r) + start).min(self.mask.prefix[r] as usize)
+    }
+
+    /// The first slot of row `r`'s sequence (see [`Mask`]).
+    pub fn base(&self, r: usize) -> usize {
+        self.mask.base.get(r).map_or(0, |&b| b as usize)
     }
 
     /// The largest slot the batch reads or writes, plus one.
@@ -285,7 +295,8 @@ pub(crate) fn check_attention(qkv: [(usize, usize); 3], cache: CacheDims, layer:
         && batch.positions.len() == m
         && batch.slots.len() == m
         && mask.prefix.len() == m
-        && mask.extra.len() == m * mask.extra_stride;
+        && mask.extra.len() == m * mask.extra_stride
+        && (mask.base.is_empty() || mask.base.len() == m);
     shape_check(shapes, "attention")?;
     if layer >= cache.layers {
         return Err(crate::Error::InvalidArgument(format!("layer {layer} of a {}-layer cache", cache.layers)));

@@ -50,6 +50,7 @@
 //!   outcome already drives. No strategy's signature changes.
 
 pub mod autoregressive;
+pub mod batch;
 pub mod choice;
 pub mod generation;
 pub mod model_drafter;
@@ -60,6 +61,7 @@ pub mod ssd;
 pub mod strategy;
 
 pub use autoregressive::{generate_ar, Autoregressive};
+pub use batch::{Batcher, BoxedSink};
 pub use choice::Candidate;
 pub(crate) use generation::costs::{probe, time_forwards};
 pub(crate) use generation::{elapsed_ms, Output};

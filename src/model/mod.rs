@@ -8,6 +8,7 @@ pub mod gguf;
 pub mod gguf_writer;
 pub mod load;
 pub mod runner;
+pub mod shared;
 pub mod slim;
 pub mod split;
 pub mod stream;

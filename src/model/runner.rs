@@ -71,6 +71,81 @@ pub trait Lm {
     }
     /// Mark `n` tokens just written by a causal batch at `len()` as committed.
     fn advance(&mut self, n: usize) -> Result<()>;
+    /// Run `batch` once and read back each part's output rows (rows of `batch`) as its
+    /// [`Readout`] says: several sequences' forwards as one (`model::shared`). The batch's
+    /// `allowed` holds a row per output row, the parts' rows in order. This default reads every
+    /// row's logits to the host and computes each readout there, as the other defaults do.
+    fn readouts<'a>(&'a mut self, batch: &'a Batch, parts: &'a [(Vec<u32>, Readout)]) -> LocalBoxFuture<'a, Result<Vec<Reply>>> {
+        Box::pin(async move {
+            let rows: Vec<u32> = parts.iter().flat_map(|(r, _)| r.iter().copied()).collect();
+            let logits = self.logits(batch, &rows).await?;
+            let vocab = self.config().vocab_size;
+            let mut at = 0;
+            let mut replies = Vec::with_capacity(parts.len());
+            for (r, readout) in parts {
+                let part = &logits[at * vocab..(at + r.len()) * vocab];
+                at += r.len();
+                replies.push(match readout {
+                    Readout::Logits => Reply::Logits(part.to_vec()),
+                    Readout::Argmax => Reply::Argmax(part.chunks_exact(vocab).map(crate::sampling::argmax).collect()),
+                    Readout::TopK { k, temperature, at } => {
+                        check_top_k(r.len(), *k, *temperature, at)?;
+                        Reply::TopK(TopK::of(part, vocab, *k, *temperature, at))
+                    }
+                    Readout::Draw(d) => {
+                        d.check(r.len(), vocab)?;
+                        Reply::Drawn(draw::on_host(part, vocab, d)?)
+                    }
+                });
+            }
+            Ok(replies)
+        })
+    }
+}
+
+/// What one part of a forward reads back ([`Lm::readouts`]), as [`Lm::logits`], [`Lm::argmax`],
+/// [`Lm::top_k`] and [`Lm::draw`] do.
+#[derive(Clone, Debug)]
+pub enum Readout {
+    Logits,
+    Argmax,
+    TopK { k: usize, temperature: f32, at: Vec<u32> },
+    Draw(Draw),
+}
+
+/// A [`Readout`]'s answer.
+pub enum Reply {
+    Logits(Vec<f32>),
+    Argmax(Vec<u32>),
+    TopK(TopK),
+    Drawn(Vec<Drawn>),
+}
+
+impl Reply {
+    pub fn logits(self) -> Result<Vec<f32>> {
+        match self {
+            Reply::Logits(l) => Ok(l),
+            _ => Err(Error::Worker("a forward answered logits with something else".into())),
+        }
+    }
+    pub fn argmax(self) -> Result<Vec<u32>> {
+        match self {
+            Reply::Argmax(a) => Ok(a),
+            _ => Err(Error::Worker("a forward answered argmax with something else".into())),
+        }
+    }
+    pub fn top_k(self) -> Result<TopK> {
+        match self {
+            Reply::TopK(t) => Ok(t),
+            _ => Err(Error::Worker("a forward answered top-k with something else".into())),
+        }
+    }
+    pub fn drawn(self) -> Result<Vec<Drawn>> {
+        match self {
+            Reply::Drawn(d) => Ok(d),
+            _ => Err(Error::Worker("a forward answered a draw with something else".into())),
+        }
+    }
 }
 
 /// A model instance as the engine owns it: `Send` natively, where SSD's draft moves to a thread of
@@ -128,6 +203,9 @@ impl<L: Lm + ?Sized> Lm for Box<L> {
     }
     fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {
         (**self).draw(batch, out_rows, draw)
+    }
+    fn readouts<'a>(&'a mut self, batch: &'a Batch, parts: &'a [(Vec<u32>, Readout)]) -> LocalBoxFuture<'a, Result<Vec<Reply>>> {
+        (**self).readouts(batch, parts)
     }
 }
 
@@ -321,10 +399,16 @@ pub struct Runner<B: Backend> {
 }
 
 impl<B: Backend> Runner<B> {
-    pub fn new(mut model: Transformer<B>, capacity: usize) -> Result<Self> {
-        model.use_context(capacity);
-        let store = model.new_cache(capacity)?;
-        Ok(Runner { model, cache: KvCache::new(store, capacity) })
+    pub fn new(model: Transformer<B>, capacity: usize) -> Result<Self> {
+        Self::with_slots(model, capacity, capacity)
+    }
+
+    /// A runner whose sequences hold up to `context` tokens each, in a cache of `slots` (several
+    /// sequences' regions, see `model::shared`).
+    pub fn with_slots(mut model: Transformer<B>, context: usize, slots: usize) -> Result<Self> {
+        model.use_context(context);
+        let store = model.new_cache(slots)?;
+        Ok(Runner { model, cache: KvCache::new(store, slots) })
     }
 
     /// The backend the model runs on.
@@ -365,6 +449,30 @@ impl<B: Backend> Runner<B> {
         Ok(match self.model.head_tokens() {
             Some(tokens) => scatter(&logits, tokens, self.model.config.vocab_size),
             None => logits,
+        })
+    }
+
+    /// The readout of a forward's logits `t`.
+    async fn read(&self, t: &B::Tensor, readout: &Readout) -> Result<Reply> {
+        let tokens = self.model.head_tokens();
+        Ok(match readout {
+            Readout::Logits => Reply::Logits(self.logits_of(t).await?),
+            Readout::Argmax => {
+                let best = self.model.backend.argmax(t).await?;
+                Reply::Argmax(match tokens {
+                    Some(tokens) => best.into_iter().map(|i| tokens[i as usize]).collect(),
+                    None => best,
+                })
+            }
+            Readout::TopK { k, temperature, at } => Reply::TopK(self.top_k_of(t, *k, *temperature, at).await?),
+            Readout::Draw(draw) => Reply::Drawn(match tokens {
+                None => self.model.backend.draw(t, draw).await?,
+                // A pruned head's rows are its tokens, which the draw then names by column.
+                Some(tokens) => {
+                    let drawn = self.model.backend.draw(t, &draw.for_head(tokens)).await?;
+                    drawn.into_iter().map(|d| Drawn { token: tokens[d.token as usize], ..d }).collect()
+                }
+            }),
         })
     }
 
@@ -409,11 +517,7 @@ impl<B: Backend> Lm for Runner<B> {
     fn argmax<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<u32>>> {
         Box::pin(async move {
             let t = self.run(batch, out_rows)?;
-            let best = self.model.backend.argmax(&t).await?;
-            Ok(match self.model.head_tokens() {
-                Some(tokens) => best.into_iter().map(|i| tokens[i as usize]).collect(),
-                None => best,
-            })
+            self.read(&t, &Readout::Argmax).await?.argmax()
         })
     }
     fn top_k<'a>(
@@ -450,16 +554,25 @@ impl<B: Backend> Lm for Runner<B> {
     }
     fn draw<'a>(&'a mut self, batch: &'a Batch, out_rows: &'a [u32], draw: &'a Draw) -> LocalBoxFuture<'a, Result<Vec<Drawn>>> {
         Box::pin(async move {
-            let Some(tokens) = self.model.head_tokens() else {
-                let t = self.run(batch, out_rows)?;
-                return self.model.backend.draw(&t, draw).await;
-            };
-            // A pruned head's rows are its tokens, which the draw then names by column.
-            let head_draw = draw.for_head(tokens);
             let t = self.run(batch, out_rows)?;
-            let drawn = self.model.backend.draw(&t, &head_draw).await?;
-            let tokens = self.model.head_tokens().expect("a pruned head");
-            Ok(drawn.into_iter().map(|d| Drawn { token: tokens[d.token as usize], ..d }).collect())
+            self.read(&t, &Readout::Draw(draw.clone())).await?.drawn()
+        })
+    }
+    fn readouts<'a>(&'a mut self, batch: &'a Batch, parts: &'a [(Vec<u32>, Readout)]) -> LocalBoxFuture<'a, Result<Vec<Reply>>> {
+        Box::pin(async move {
+            let rows: Vec<u32> = parts.iter().flat_map(|(r, _)| r.iter().copied()).collect();
+            let t = self.run(batch, &rows)?;
+            if let [(_, readout)] = parts {
+                return Ok(vec![self.read(&t, readout).await?]);
+            }
+            let mut at = 0;
+            let mut replies = Vec::with_capacity(parts.len());
+            for (r, readout) in parts {
+                let part: Vec<u32> = (at..at + r.len() as u32).collect();
+                at += r.len() as u32;
+                replies.push(self.read(&self.model.backend.select_rows(&t, &part)?, readout).await?);
+            }
+            Ok(replies)
         })
     }
 }

@@ -131,7 +131,7 @@ fn check_window(batch: &Batch, window: Option<u32>) -> Result<()> {
     for r in 0..batch.len() {
         let has_extras = batch.mask.extra[r * stride..(r + 1) * stride].iter().any(|&s| s != NO_SLOT);
         // The extras' positions lie between the prefix's end and the row's own.
-        if has_extras && batch.positions[r] as usize + 1 > batch.mask.prefix[r] as usize + w as usize {
+        if has_extras && batch.positions[r] as usize + 1 + batch.base(r) > batch.mask.prefix[r] as usize + w as usize {
             return Err(Error::InvalidArgument(format!(
                 "a tree row at position {} reaches past its {w}-position sliding window",
                 batch.positions[r]

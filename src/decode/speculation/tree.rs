@@ -66,6 +66,7 @@ impl Tree {
                 prefix: self.branches.iter().map(|&(k, _)| (self.base + k + 1) as u32).collect(),
                 extra_stride: stride,
                 extra,
+                base: vec![],
             },
             allowed: None,
         }
