@@ -68,15 +68,21 @@ impl Device {
 
     /// A model instance for `w` on this device with a KV cache of `capacity` tokens.
     pub async fn runner(&self, w: &ModelWeights, capacity: usize) -> Result<BoxedLm> {
+        self.runner_with_slots(w, capacity, capacity).await
+    }
+
+    /// A model instance for `w` on this device whose sequences hold up to `context` tokens each,
+    /// in a KV cache of `slots` (see `Runner::with_slots`).
+    pub async fn runner_with_slots(&self, w: &ModelWeights, context: usize, slots: usize) -> Result<BoxedLm> {
         match self {
             Device::Cpu { threads, precision } => {
                 let cpu = CpuBackend::new(*threads)?.with_precision(*precision);
-                Ok(Box::new(Runner::new(Transformer::new(cpu, w)?, capacity)?))
+                Ok(Box::new(Runner::with_slots(Transformer::new(cpu, w)?, context, slots)?))
             }
             #[cfg(feature = "gpu")]
             Device::Gpu { .. } => {
                 let gpu = crate::backend::gpu::GpuBackend::new(self.gpu_options().unwrap_or_default()).await?;
-                Ok(Box::new(Runner::new(Transformer::new(gpu, w)?, capacity)?))
+                Ok(Box::new(Runner::with_slots(Transformer::new(gpu, w)?, context, slots)?))
             }
             #[cfg(not(feature = "gpu"))]
             Device::Gpu { .. } => Err(Error::Unsupported("this build has no GPU backend (feature `gpu`)".into())),
@@ -112,7 +118,7 @@ impl PlacedTarget {
 }
 
 /// The target's KV slots: exactly the context window (it needs no speculation scratch).
-fn target_context(config: &ModelConfig, opts: &EngineOptions) -> usize {
+pub(crate) fn target_context(config: &ModelConfig, opts: &EngineOptions) -> usize {
     opts.context.min(config.context_length)
 }
 
@@ -327,7 +333,7 @@ fn cpu_split(opts: &EngineOptions) -> Option<(usize, usize)> {
 }
 
 /// What makes the draft model `d` cheaper under `opts`.
-fn slimming(d: &ModelFile, opts: &EngineOptions) -> Slimming {
+pub(crate) fn slimming(d: &ModelFile, opts: &EngineOptions) -> Slimming {
     let vocab = d.weights.config.vocab_size;
     let head = opts.draft_head.map(|n| frequent_tokens(&d.tokenizer, n, vocab)).filter(|t| t.len() < vocab);
     Slimming { quant: opts.draft_quant, head, pad_rows: matches!(opts.draft, Device::Cpu { .. }) }
@@ -687,26 +693,7 @@ impl Engine {
 
     /// The prompt's token ids, a chat listing `tools` where there are any.
     fn encode_with_tools(&self, prompt: &Prompt, tools: &[Tool]) -> Result<Vec<u32>> {
-        let tok = &self.tokenizer;
-        let tools: Vec<serde_json::Value> = tools.iter().map(serde_json::to_value).collect::<std::result::Result<_, _>>().map_err(|e| Error::InvalidArgument(format!("tools: {e}")))?;
-        if !tools.is_empty() && !matches!(prompt, Prompt::Chat(_)) {
-            return Err(Error::InvalidArgument("tools: the prompt must be a chat, whose template lists them".into()));
-        }
-        match prompt {
-            Prompt::Text(text) => tok.encode_prompt(text),
-            Prompt::Tokens(ids) => Ok(ids.clone()),
-            Prompt::Chat(messages) => {
-                let template = self
-                    .chat_template
-                    .as_deref()
-                    .ok_or_else(|| Error::InvalidArgument("chat: the model has no chat template".into()))?;
-                if !tools.is_empty() && !template.contains("tools") {
-                    return Err(Error::InvalidArgument("tools: this model's chat template does not list tools".into()));
-                }
-                let text = apply_chat_template_with_tools(template, messages, &tools, tok.bos_token().as_deref(), tok.eos_token().as_deref())?;
-                tok.encode_prompt(&text)
-            }
-        }
+        encode(&self.tokenizer, self.chat_template.as_deref(), prompt, tools)
     }
 
     /// Generate from `prompt`, streaming text to `on_text(piece, tokens)` once per committed
@@ -850,6 +837,27 @@ impl Engine {
 }
 
 /// The strategies as candidates of the measured choice, under the engine's `spec`.
+/// `prompt`'s token ids under `tok` and the chat `template`, a chat listing `tools` where there
+/// are any.
+pub(crate) fn encode(tok: &Tokenizer, template: Option<&str>, prompt: &Prompt, tools: &[Tool]) -> Result<Vec<u32>> {
+    let tools: Vec<serde_json::Value> = tools.iter().map(serde_json::to_value).collect::<std::result::Result<_, _>>().map_err(|e| Error::InvalidArgument(format!("tools: {e}")))?;
+    if !tools.is_empty() && !matches!(prompt, Prompt::Chat(_)) {
+        return Err(Error::InvalidArgument("tools: the prompt must be a chat, whose template lists them".into()));
+    }
+    match prompt {
+        Prompt::Text(text) => tok.encode_prompt(text),
+        Prompt::Tokens(ids) => Ok(ids.clone()),
+        Prompt::Chat(messages) => {
+            let template = template.ok_or_else(|| Error::InvalidArgument("chat: the model has no chat template".into()))?;
+            if !tools.is_empty() && !template.contains("tools") {
+                return Err(Error::InvalidArgument("tools: this model's chat template does not list tools".into()));
+            }
+            let text = apply_chat_template_with_tools(template, messages, &tools, tok.bos_token().as_deref(), tok.eos_token().as_deref())?;
+            tok.encode_prompt(&text)
+        }
+    }
+}
+
 fn candidates<'a>(strategies: &'a [Box<dyn Strategy>], spec: &'a SpecConfig) -> Vec<Candidate<'a>> {
     strategies
         .iter()

@@ -15,6 +15,7 @@ pub mod error;
 pub mod grammar;
 pub mod kv;
 pub mod model;
+pub mod pool;
 pub mod remote;
 pub mod runtime;
 pub mod sampling;

@@ -6,8 +6,9 @@
 //! Since a row's result does not depend on its batch, each generation's tokens are the ones it
 //! would get alone, in every mode.
 //!
-//! SD's drafting steps come first: while any sequence drafts, the draft runs its rows and the
-//! target waits, so the sequences that draft verify in one target forward with those that decode.
+//! A step runs the draft's forward for the sequences that draft, then the target's for those
+//! that decode, prefill or verify: a sequence decoding by AR never waits for another's drafting,
+//! and sequences of one K draft in step and verify together.
 
 use std::task::{Context, Poll};
 
@@ -82,8 +83,9 @@ impl<'a> Batcher<'a> {
         self.live.retain(|(i, _)| *i != id);
     }
 
-    /// Run every generation until it waits for a forward, then one batch: the draft's where a
-    /// sequence drafts, else the target's. Returns the generations that ended, with their ids.
+    /// Run every generation until it waits for a forward, then the draft's batch and the
+    /// target's, each where a sequence asked for it. Returns the generations that ended, with
+    /// their ids.
     pub async fn step(&mut self) -> Vec<(u64, Result<Generation>)> {
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
@@ -95,10 +97,11 @@ impl<'a> Batcher<'a> {
             }
             Poll::Pending => true,
         });
-        let served = match &self.draft {
-            Some(d) if d.asked() => d.round().await,
-            _ => self.target.round().await,
+        let drafted = match &self.draft {
+            Some(d) => d.round().await,
+            None => 0,
         };
+        let served = drafted + self.target.round().await;
         // Every generation here waits only for forwards: one that waits for nothing asked would
         // never wake.
         if served == 0 && done.is_empty() {

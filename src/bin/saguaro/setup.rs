@@ -15,6 +15,7 @@ use saguaro::backend::KvCache;
 use saguaro::backend::gpu::{GpuBackend, GpuOptions};
 use saguaro::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES};
 use saguaro::grammar::GrammarSpec;
+use saguaro::pool::Pool;
 use saguaro::engine::{Device, Engine, EngineOptions, DEFAULT_CONTEXT, DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT, DEFAULT_MAX_TOKENS};
 use saguaro::storage::quant::DType;
 use saguaro::model::slim::check_quant;
@@ -379,7 +380,25 @@ impl EngineArgs {
         self.build(modes, SpecConfig { k, ..self.spec() })
     }
 
-    fn build(&self, modes: &[ModeArg], spec: SpecConfig) -> Result<Engine> {
+    /// A [`Pool`] of `parallel` sequences over the target and draft (no server target).
+    pub fn pool(&self, parallel: usize) -> Result<Pool> {
+        let opts = self.options(&[], self.spec())?;
+        if self.server().is_some() {
+            return Err(Error::InvalidArgument("several sequences at once run on a local target, not a server".into()));
+        }
+        let target = load(&self.target, "target")?;
+        let draft = self.draft.as_deref().map(|p| load(p, "draft")).transpose()?;
+        let t = Instant::now();
+        let pool = block_on(Pool::load(target, draft, &opts, parallel))?;
+        eprintln!("{parallel} sequences at once ({:.0} ms to place and time)", t.elapsed().as_secs_f64() * 1000.0);
+        if let Some(c) = pool.costs() {
+            let ms = |v: &[(usize, f64)]| v.iter().map(|(n, ms)| format!("{n}: {ms:.0}")).collect::<Vec<_>>().join(", ");
+            eprintln!("forward ms by rows: target {}; draft {}", ms(&c.target), ms(&c.draft));
+        }
+        Ok(pool)
+    }
+
+    fn options(&self, modes: &[ModeArg], spec: SpecConfig) -> Result<EngineOptions> {
         let modes: Vec<Mode> = match modes.iter().map(|m| m.0).collect::<Option<Vec<_>>>() {
             Some(fixed) => fixed,
             None => Vec::new(),
@@ -397,6 +416,11 @@ impl EngineArgs {
         };
         // Checked before the models load, so a bad value is reported at once.
         opts.validate()?;
+        Ok(opts)
+    }
+
+    fn build(&self, modes: &[ModeArg], spec: SpecConfig) -> Result<Engine> {
+        let opts = self.options(modes, spec)?;
         if let Some(url) = self.server() {
             return self.remote(url, &opts);
         }

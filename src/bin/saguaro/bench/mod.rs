@@ -3,7 +3,9 @@
 //! and llama.cpp's own benchmark alternated with ours. Each prompt takes every mode in turn
 //! before the next prompt, so that a shared machine's drift falls on all modes alike.
 
+mod concurrency;
 mod llama;
+mod llama_server;
 mod plot;
 mod report;
 mod server;
@@ -67,6 +69,15 @@ pub struct BenchArgs {
     /// Every mode generates under this constraint.
     #[command(flatten)]
     grammar: GrammarArgs,
+    /// Run this many streams at once (comma-separated, e.g. 1,2,4,8) in one batch each, in the
+    /// modes that batch (ar, sd, auto; ssd is skipped): aggregate and per-stream tokens/s and
+    /// time to first token, instead of the table of one stream at a time.
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Vec<usize>,
+    /// With --concurrency: a llama.cpp `llama-server` binary, run with N slots (-np N) on the same
+    /// files and threads, without and with --model-draft, alternated with ours.
+    #[arg(long, requires = "concurrency")]
+    llama_server: Option<PathBuf>,
 }
 
 /// One mode at one K over every prompt.
@@ -111,6 +122,12 @@ fn check(args: &BenchArgs) -> Result<()> {
     if args.rounds == 0 {
         return Err(Error::InvalidArgument("--rounds: must be at least 1".into()));
     }
+    if args.concurrency.contains(&0) {
+        return Err(Error::InvalidArgument("--concurrency: streams must be at least 1".into()));
+    }
+    if let Some(path) = &args.llama_server {
+        concurrency::check_binary(path)?;
+    }
     if args.llama_bench.is_some() && args.llama_reps == 0 {
         return Err(Error::InvalidArgument("--llama-reps: must be at least 1".into()));
     }
@@ -147,6 +164,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     check(args)?;
     let grammar = args.grammar.spec()?;
     let prompts = load_prompts(args)?;
+    if !args.concurrency.is_empty() {
+        return run_concurrency(args, &prompts, &grammar);
+    }
     let mut engine = if let Some(&largest) = args.sweep_k.iter().max() {
         // Built for the largest K, so the draft cache holds every K of the sweep.
         args.engine.engine_with_k(&args.modes, largest)?
@@ -222,4 +242,42 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         Err(Error::InvalidArgument("greedy outputs of the modes differ: decoding is not lossless".into()))
     }
+}
+
+/// `--concurrency`: streams at once on one pool, in the modes that batch.
+fn run_concurrency(args: &BenchArgs, prompts: &[Prompt], grammar: &Option<GrammarSpec>) -> Result<()> {
+    let batched = |m: &ModeArg| match m.0 {
+        Some(Mode::Ar) => true,
+        Some(Mode::Sd) | None => args.engine.draft.is_some(),
+        Some(_) => false,
+    };
+    let modes: Vec<ModeArg> = args.modes.iter().copied().filter(batched).collect();
+    for m in args.modes.iter().filter(|m| !batched(m)) {
+        eprintln!("{m}: skipped (it does not run in a batch here)");
+    }
+    let mut pool = args.engine.pool(args.concurrency.iter().copied().max().unwrap_or(1))?;
+    let llama_server = args.llama_server.as_deref().map(|binary| llama_server::Setup {
+        binary,
+        target: &args.engine.target,
+        draft: args.engine.draft.as_deref(),
+        threads: args.engine.threads,
+        context: args.engine.context,
+        max_tokens: args.max_tokens,
+    });
+    let setup = concurrency::Setup {
+        concurrency: &args.concurrency,
+        modes: &modes,
+        prompts,
+        max_tokens: args.max_tokens,
+        rounds: args.rounds,
+        grammar,
+        llama_server,
+    };
+    let rows = concurrency::run(&mut pool, &setup)?;
+    if args.json {
+        println!("{}", json!({"prompts": prompts.len(), "rounds": args.rounds, "max_tokens": args.max_tokens, "concurrency": rows}));
+    } else {
+        concurrency::print(&rows);
+    }
+    Ok(())
 }
