@@ -15,6 +15,8 @@ pub mod error;
 pub mod grammar;
 pub mod kv;
 pub mod model;
+#[cfg(feature = "native")]
+pub mod openai;
 pub mod pool;
 pub mod remote;
 pub mod runtime;

@@ -113,9 +113,9 @@ impl Pool {
         self.batcher.len()
     }
 
-    /// Whether a generation can join now.
-    pub fn has_room(&self) -> bool {
-        self.batcher.has_room(Mode::Ar)
+    /// Generations that can join now.
+    pub fn free(&self) -> usize {
+        self.batcher.free()
     }
 
     /// The forwards timed at load and the acceptance seen, where the mode is chosen.
@@ -162,7 +162,7 @@ impl Pool {
                 None => (if self.has_draft { Mode::Sd } else { Mode::Ar }, self.spec.k),
             },
         };
-        if !self.batcher.has_room(mode) {
+        if self.batcher.free() == 0 {
             return Err(Error::InvalidArgument(format!("all {} sequences are taken", self.parallel)));
         }
         let mut spec = SpecConfig { k, ..opts.spec.clone().unwrap_or_else(|| self.spec.clone()) };

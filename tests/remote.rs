@@ -11,9 +11,8 @@ mod util;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -33,6 +32,7 @@ use saguaro::Error;
 
 use common::distribution::{assert_unbiased, seeded, tiny, top4_sampling, Counts, Exact, K, TINY_CAPACITY, VOCAB};
 use common::runner;
+use util::serve::Serve;
 
 fn smol() -> &'static ModelFile {
     static SMOL: OnceLock<ModelFile> = OnceLock::new();
@@ -40,54 +40,6 @@ fn smol() -> &'static ModelFile {
 }
 
 const EXACT_1: Device = Device::Cpu { threads: 1, precision: Precision::Exact };
-
-/// `saguaro serve` on the SmolLM2 target (1 thread, exact precision), killed when dropped.
-struct Serve {
-    child: Child,
-    url: String,
-}
-
-impl Serve {
-    fn start(extra: &[&str]) -> Serve {
-        Serve::start_at("127.0.0.1:0", extra)
-    }
-
-    fn start_at(listen: &str, extra: &[&str]) -> Serve {
-        let model = util::root().join(format!("models/{}.gguf", util::SMOLLM2));
-        assert!(model.exists(), "{} is missing: run scripts/fetch-models.sh first", model.display());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_saguaro"))
-            .arg("serve")
-            .arg("--target")
-            .arg(&model)
-            .args(["--threads", "1", "--listen", listen])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the saguaro binary runs");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(120)).expect("saguaro serve starts within 2 minutes");
-        let url = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
-        Serve { url: url.to_string(), child }
-    }
-
-    fn port(&self) -> u16 {
-        self.url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port in the url")
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn remote(url: &str, configure: impl FnOnce(&mut RemoteOptions)) -> RemoteTarget {
     let mut opts = RemoteOptions::new(url);
@@ -176,7 +128,7 @@ fn serve_tiny() -> String {
             vocab_fingerprint: None,
             context_length: Some(TINY_CAPACITY),
         };
-        bound.serve(&mut model, info, &ServeOptions::default(), None)
+        bound.serve(&mut model, info, &ServeOptions::default(), None, None)
     });
     url
 }

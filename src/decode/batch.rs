@@ -39,9 +39,10 @@ impl<'a> Batcher<'a> {
         Batcher { target, draft, live: Vec::new(), next: 0 }
     }
 
-    /// Whether a generation in `mode` finds free regions now.
-    pub fn has_room(&self, mode: Mode) -> bool {
-        self.target.free() > 0 && (mode == Mode::Ar || self.draft.as_ref().is_some_and(|d| d.free() > 0))
+    /// Generations that can join now: the target's free regions (a draft has as many regions,
+    /// and only SD takes one of it beside one of the target's).
+    pub fn free(&self) -> usize {
+        self.target.free()
     }
 
     /// Generations running.

@@ -18,4 +18,4 @@ pub use client::{RemoteLink, RemoteOptions, RemoteTarget};
 #[cfg(feature = "native")]
 pub use prefix::{session_bytes, PrefixCaches, PrefixModel};
 #[cfg(feature = "native")]
-pub use server::{bind, ServeOptions};
+pub use server::{bind, Endpoints, ServeOptions};

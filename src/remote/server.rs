@@ -72,6 +72,14 @@ struct Counters {
     sessions: AtomicU64,
 }
 
+/// Endpoints served beside SGLang's by a layer above this one (the OpenAI API over a pool of
+/// sequences, `crate::openai`), answered on the reader threads.
+pub trait Endpoints: Send + Sync {
+    /// Answer `req` if its path is one of these endpoints' (`path` without the query), else
+    /// hand it back.
+    fn answer(&self, req: Request, path: &str) -> Option<Request>;
+}
+
 /// A bound server, not yet serving.
 pub struct Bound {
     server: Arc<Server>,
@@ -96,17 +104,35 @@ impl Bound {
     /// Serve `model` until the process ends: readers on their threads, the model on this one.
     /// `vocabulary` compiles the grammars requests ask for (json_schema, regex, ebnf); without
     /// one such requests are refused.
-    pub fn serve(self, model: &mut dyn PrefixModel, info: ModelInfo, opts: &ServeOptions, vocabulary: Option<&Vocabulary>) -> Result<()> {
+    /// `endpoints` answers the paths it serves before SGLang's are looked up.
+    pub fn serve(
+        self,
+        model: &mut dyn PrefixModel,
+        info: ModelInfo,
+        opts: &ServeOptions,
+        vocabulary: Option<&Vocabulary>,
+        endpoints: Option<Arc<dyn Endpoints>>,
+    ) -> Result<()> {
         let (jobs, queue) = mpsc::sync_channel::<Job>(opts.queue);
         let counters = Arc::new(Counters::default());
         let info = Arc::new(info);
         for i in 0..opts.readers.max(1) {
             let (server, jobs, counters, info, opts) = (self.server.clone(), jobs.clone(), counters.clone(), info.clone(), opts.clone());
+            let endpoints = endpoints.clone();
             std::thread::Builder::new()
                 .name(format!("serve-reader-{i}"))
                 .spawn(move || {
                     while let Ok(req) = server.recv() {
-                        handle(req, &jobs, &counters, &info, &opts);
+                        counters.requests.fetch_add(1, Ordering::Relaxed);
+                        let path = req.url().split('?').next().unwrap_or("").to_string();
+                        let req = match &endpoints {
+                            Some(e) => match e.answer(req, &path) {
+                                Some(req) => req,
+                                None => continue,
+                            },
+                            None => req,
+                        };
+                        handle(req, &path, &jobs, &counters, &info, &opts);
                     }
                 })
                 .map_err(|e| Error::Worker(format!("cannot start a reader thread: {e}")))?;
@@ -144,7 +170,7 @@ const CORS: [(&str, &str); 4] = [
 ];
 
 /// The status line and headers of an answer, ending in the blank line.
-fn head(status: u16, content_type: &str, framing: &str) -> String {
+pub(crate) fn head(status: u16, content_type: &str, framing: &str) -> String {
     let reason = StatusCode(status).default_reason_phrase();
     let mut head = format!("HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{framing}\r\n");
     for (k, v) in CORS {
@@ -156,7 +182,7 @@ fn head(status: u16, content_type: &str, framing: &str) -> String {
 /// Answer with `body`, written in one piece: tiny_http writes its own answers through a 1 KiB
 /// buffer, and without TCP_NODELAY the second segment of an answer then waits for the client's
 /// delayed ACK, ~40 ms per request on Linux.
-fn respond(req: Request, status: u16, body: Vec<u8>) {
+pub(crate) fn respond(req: Request, status: u16, body: Vec<u8>) {
     let mut answer = head(status, "application/json", &format!("Content-Length: {}", body.len())).into_bytes();
     answer.extend_from_slice(&body);
     let mut w = req.into_writer();
@@ -194,17 +220,8 @@ fn stream_events(req: Request, events: &Receiver<Event>, deadline: Instant, time
         Ok(e) => e,
     };
     let mut w = req.into_writer();
-    let head = head(200, "text/event-stream", "Cache-Control: no-cache\r\nTransfer-Encoding: chunked");
-    // Each event in one write, for the reason `respond` gives.
-    let event = |w: &mut dyn Write, data: &[u8]| -> std::io::Result<()> {
-        let mut chunk = format!("{:x}\r\ndata: ", data.len() + 8).into_bytes();
-        chunk.extend_from_slice(data);
-        chunk.extend_from_slice(b"\n\n\r\n");
-        w.write_all(&chunk)?;
-        w.flush()
-    };
     let _ = (|| -> std::io::Result<()> {
-        w.write_all(head.as_bytes())?;
+        w.write_all(sse_head().as_bytes())?;
         let mut sent = 0;
         let mut next = Ok(first);
         loop {
@@ -231,28 +248,45 @@ fn stream_events(req: Request, events: &Receiver<Event>, deadline: Instant, time
             event(&mut w, &data)?;
             next = next_event(events, deadline, timeout);
         }
-        event(&mut w, b"[DONE]")?;
-        w.write_all(b"0\r\n\r\n")?;
-        w.flush()
+        sse_end(&mut w)
     })();
 }
 
-fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+/// The head of an answer of server-sent events in a chunked body written by hand.
+pub(crate) fn sse_head() -> String {
+    head(200, "text/event-stream", "Cache-Control: no-cache\r\nTransfer-Encoding: chunked")
+}
+
+/// One server-sent event, in one write for the reason `respond` gives.
+pub(crate) fn event(w: &mut dyn Write, data: &[u8]) -> std::io::Result<()> {
+    let mut chunk = format!("{:x}\r\ndata: ", data.len() + 8).into_bytes();
+    chunk.extend_from_slice(data);
+    chunk.extend_from_slice(b"\n\n\r\n");
+    w.write_all(&chunk)?;
+    w.flush()
+}
+
+/// `[DONE]` and the end of the chunked body.
+pub(crate) fn sse_end(w: &mut dyn Write) -> std::io::Result<()> {
+    event(w, b"[DONE]")?;
+    w.write_all(b"0\r\n\r\n")?;
+    w.flush()
+}
+
+pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec())
 }
 
-fn json<T: serde::Serialize>(req: Request, status: u16, value: &T) {
+pub(crate) fn json<T: serde::Serialize>(req: Request, status: u16, value: &T) {
     respond(req, status, encode(value));
 }
 
-fn error(req: Request, status: u16, message: impl Into<String>) {
+pub(crate) fn error(req: Request, status: u16, message: impl Into<String>) {
     json(req, status, &ErrorBody { error: ErrorDetail { message: message.into(), code: status } });
 }
 
-fn handle(mut req: Request, jobs: &SyncSender<Job>, counters: &Counters, info: &ModelInfo, opts: &ServeOptions) {
-    counters.requests.fetch_add(1, Ordering::Relaxed);
-    let path = req.url().split('?').next().unwrap_or("").to_string();
-    match (req.method().clone(), path.as_str()) {
+fn handle(mut req: Request, path: &str, jobs: &SyncSender<Job>, counters: &Counters, info: &ModelInfo, opts: &ServeOptions) {
+    match (req.method().clone(), path) {
         (Method::Options, _) => respond(req, 204, Vec::new()),
         (Method::Get, "/health") => {
             let health = serde_json::json!({
@@ -301,7 +335,7 @@ fn handle(mut req: Request, jobs: &SyncSender<Job>, counters: &Counters, info: &
 
 /// The body, refused unread when its declared length is over `max` and cut off when it runs
 /// over, so no client makes the server hold more than `max` bytes for it.
-fn read_body(req: &mut Request, max: usize) -> std::result::Result<Vec<u8>, (u16, String)> {
+pub(crate) fn read_body(req: &mut Request, max: usize) -> std::result::Result<Vec<u8>, (u16, String)> {
     let too_large = || (413, format!("the request body exceeds this server's limit of {max} bytes"));
     if req.body_length().is_some_and(|n| n > max) {
         return Err(too_large());

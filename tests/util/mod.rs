@@ -5,6 +5,7 @@ pub mod families;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod rand;
+pub mod serve;
 pub mod reference;
 
 // Each test binary uses some of these.

@@ -126,6 +126,22 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
+    /// The device `kind` names, with `threads` and `precision` on the CPU.
+    pub fn device(&self, kind: BackendKind, threads: usize, precision: PrecisionArg) -> Device {
+        match kind {
+            BackendKind::Cpu => Device::Cpu { threads, precision: precision.into() },
+            BackendKind::Gpu => Device::Gpu {
+                adapter: self.adapter.clone(),
+                attention_split: self.attention_split,
+                matvec_threads: self.matvec_threads,
+                kv_cache: self.kv_cache,
+                shader_f16: self.shader_f16,
+            },
+        }
+    }
+}
+
+impl DeviceArgs {
     pub fn open_gpu(&self) -> Result<GpuBackend> {
         self.open_gpu_with(GpuOptions::default())
     }
@@ -333,16 +349,7 @@ impl EngineArgs {
     }
 
     fn device(&self, kind: BackendKind, threads: usize, precision: PrecisionArg) -> Device {
-        match kind {
-            BackendKind::Cpu => Device::Cpu { threads, precision: precision.into() },
-            BackendKind::Gpu => Device::Gpu {
-                adapter: self.device.adapter.clone(),
-                attention_split: self.device.attention_split,
-                matvec_threads: self.device.matvec_threads,
-                kv_cache: self.device.kv_cache,
-                shader_f16: self.device.shader_f16,
-            },
-        }
+        self.device.device(kind, threads, precision)
     }
 
     /// The target's address when it is a server.
