@@ -15,7 +15,7 @@ use futures::executor::block_on;
 use saguaro::backend::cpu::CpuBackend;
 use saguaro::decode::{generate_ar, generate_sd, Batcher, Backup, FinishReason, Generation, Mode, Request, SpecConfig};
 use saguaro::model::runner::{BoxedLm, Lm, Runner};
-use saguaro::model::shared::Shared;
+use saguaro::model::shared::{Shared, PREFILL_CHUNK};
 use saguaro::model::transformer::Transformer;
 use saguaro::model::weights::ModelWeights;
 use saguaro::sampling::SamplingParams;
@@ -101,6 +101,11 @@ fn greedy_and_sampled_sequences_in_a_batch_equal_their_output_alone() {
         }
     }
     jobs.push(Job { req: Request { prompt: prompts[0].clone(), max_tokens: 12, sampling: sampled, ..Request::default() }, mode: Mode::Ar, at: 1 });
+    // Prompts longer than a prefill chunk join while the others decode: they prefill a chunk a step.
+    let long: Vec<u32> = prompts.iter().flatten().copied().cycle().take(2 * PREFILL_CHUNK + 7).collect();
+    for (mode, at) in [(Mode::Ar, 2), (Mode::Sd, 4)] {
+        jobs.push(Job { req: Request { prompt: long.clone(), max_tokens: 9, ..Request::default() }, mode, at });
+    }
     let batcher = Batcher::new(shared(&m.weights, jobs.len()), Some(shared(&draft, jobs.len())));
     let (results, streamed) = batched(batcher, &jobs);
     let mut accepted_below_one = false;

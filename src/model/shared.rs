@@ -27,6 +27,11 @@ use crate::model::runner::{BoxedLm, Lm, Readout, Reply};
 /// of 64 slots from a multiple of 64, so a sequence's chunks fall where they would alone.
 const REGION_ALIGN: usize = 64;
 
+/// Rows of a prompt's prefill that run in one round beside other sequences' forwards; the rest
+/// wait for the next rounds, so that a long prompt joining does not stall the others for its
+/// whole prefill. (A prefill alone runs whole.)
+pub const PREFILL_CHUNK: usize = 32;
+
 /// A model whose KV cache is cut into regions of `context` slots, one per sequence.
 #[derive(Clone)]
 pub struct Shared {
@@ -116,7 +121,7 @@ impl Shared {
     /// its readout; returns how many sequences it served. Where the forward fails, every
     /// sequence in it gets the error.
     pub async fn round(&self) -> usize {
-        let (asks, mut lm) = {
+        let (mut asks, mut lm) = {
             let mut inner = self.inner.borrow_mut();
             if inner.asks.is_empty() {
                 return 0;
@@ -125,24 +130,53 @@ impl Shared {
             inner.forwards += 1;
             (std::mem::take(&mut inner.asks), lm)
         };
+        let later: Vec<Ask> = if asks.len() > 1 { asks.iter_mut().filter_map(split_prefill).collect() } else { Vec::new() };
         let (batch, parts) = combine(&asks, lm.config().vocab_size);
         let result = lm.readouts(&batch, &parts).await;
-        self.inner.borrow_mut().lm = Some(lm);
+        let mut inner = self.inner.borrow_mut();
+        inner.lm = Some(lm);
+        inner.asks.extend(later);
+        // A prefill's first chunk reads nothing back: only the asks with rows have a reply.
+        let answered = asks.iter().filter(|a| !a.rows.is_empty());
         match result {
             Ok(replies) => {
-                for (ask, reply) in asks.iter().zip(replies) {
+                for (ask, reply) in answered.zip(replies) {
                     *ask.reply.borrow_mut() = Some(Ok(reply));
                 }
             }
             Err(e) => {
                 let message = e.to_string();
-                for ask in &asks {
+                for ask in answered {
                     *ask.reply.borrow_mut() = Some(Err(Error::Worker(format!("a shared forward failed: {message}"))));
                 }
             }
         }
         asks.len()
     }
+}
+
+/// Cut a causal prefill longer than [`PREFILL_CHUNK`] whose output rows all lie past its first
+/// chunk: `ask` becomes the first chunk (no output), the rest is returned to ask again next
+/// round. A row's K and V do not depend on the rows run beside it, so the prefill's result is
+/// the one it gets whole.
+fn split_prefill(ask: &mut Ask) -> Option<Ask> {
+    let b = &ask.batch;
+    let start = *b.slots.first()? as usize;
+    let causal = Batch { allowed: b.allowed.clone(), ..Batch::causal(&b.tokens, start) };
+    if b.len() <= PREFILL_CHUNK || *b != causal || ask.rows.iter().any(|&r| (r as usize) < PREFILL_CHUNK) {
+        return None;
+    }
+    let rest = Ask {
+        base: ask.base,
+        batch: Batch { allowed: b.allowed.clone(), ..Batch::causal(&b.tokens[PREFILL_CHUNK..], start + PREFILL_CHUNK) },
+        rows: ask.rows.iter().map(|r| r - PREFILL_CHUNK as u32).collect(),
+        readout: ask.readout.clone(),
+        reply: ask.reply.clone(),
+    };
+    ask.batch = Batch::causal(&b.tokens[..PREFILL_CHUNK], start);
+    ask.rows.clear();
+    ask.reply = Rc::default();
+    Some(rest)
 }
 
 /// The asks as one batch: their rows one after another, each sequence's slots moved to its
@@ -171,6 +205,9 @@ fn combine(asks: &[Ask], vocab: usize) -> (Batch, Vec<(Vec<u32>, Readout)>) {
             let row = &b.mask.extra[r * b.mask.extra_stride..(r + 1) * b.mask.extra_stride];
             batch.mask.extra.extend(row.iter().map(moved));
             batch.mask.extra.extend(std::iter::repeat_n(NO_SLOT, stride - row.len()));
+        }
+        if ask.rows.is_empty() {
+            continue;
         }
         if masked {
             for r in 0..ask.rows.len() {
@@ -302,5 +339,33 @@ impl Lm for SeqLm {
             draw.check(out_rows.len(), self.config.vocab_size)?;
             self.ask(batch, out_rows, Readout::Draw(draw.clone())).await?.drawn()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(batch: Batch, rows: Vec<u32>) -> Ask {
+        Ask { base: 128, batch, rows, readout: Readout::Argmax, reply: Rc::default() }
+    }
+
+    #[test]
+    fn a_long_prefill_is_cut_into_a_chunk_and_the_rest() {
+        let tokens: Vec<u32> = (0..70).collect();
+        let mut first = ask(Batch::causal(&tokens, 5), vec![69]);
+        let reply = first.reply.clone();
+        let rest = split_prefill(&mut first).expect("cut");
+        assert_eq!(first.batch, Batch::causal(&tokens[..PREFILL_CHUNK], 5));
+        assert!(first.rows.is_empty());
+        assert_eq!(rest.batch, Batch::causal(&tokens[PREFILL_CHUNK..], 5 + PREFILL_CHUNK));
+        assert_eq!(rest.rows, [69 - PREFILL_CHUNK as u32]);
+        assert!(Rc::ptr_eq(&rest.reply, &reply), "the rest answers the sequence");
+        // Not cut: short, reading a row of the first chunk, or not causal (a tree step).
+        assert!(split_prefill(&mut ask(Batch::causal(&tokens[..PREFILL_CHUNK], 0), vec![3])).is_none());
+        assert!(split_prefill(&mut ask(Batch::causal(&tokens, 0), vec![3, 69])).is_none());
+        let mut tree = Batch::causal(&tokens, 0);
+        tree.mask.prefix[40] = 10;
+        assert!(split_prefill(&mut ask(tree, vec![69])).is_none());
     }
 }
