@@ -332,3 +332,51 @@ fn output_under_a_schema_on_the_gpu_is_valid_and_the_same_in_every_mode() {
         valid(&block_on(generate_sd(&mut target, &mut draft, &sampled, &spec, &mut |_| true)).unwrap().tokens, "sampled SD");
     }
 }
+
+/// Several sequences in one forward with the target on the GPU (`model::shared`): each
+/// sequence's greedy tokens (AR, SD with the draft on the CPU, a prompt prefilled in chunks beside
+/// the others) and tokens drawn on the device equal its tokens alone on the same GPU.
+#[test]
+fn sequences_batched_on_the_gpu_equal_their_output_alone() {
+    use saguaro::decode::{Batcher, Mode};
+    use saguaro::model::runner::BoxedLm;
+    use saguaro::model::shared::{Shared, PREFILL_CHUNK};
+    if !gpu_available() {
+        return;
+    }
+    let m = model(SMOLLM2);
+    let draft_weights = truncated(&m.weights);
+    const CONTEXT: usize = 128;
+    // Attention split into parts of 64 slots, as on a GPU that is not the CPU: a decode's walk
+    // is split alone and beside the others alike.
+    let split = || block_on(GpuBackend::new(GpuOptions { attention_split: Some(64), ..Default::default() })).unwrap();
+    let gpu_runner = |slots| Runner::with_slots(Transformer::new(split(), &m.weights).unwrap(), CONTEXT, slots).unwrap();
+    let cpu_runner = |slots| Runner::with_slots(Transformer::new(CpuBackend::new(0).unwrap(), &draft_weights).unwrap(), CONTEXT, slots).unwrap();
+    let long: Vec<u32> = m.tokenizer.encode(SPLIT_PROMPT).unwrap().into_iter().take(PREFILL_CHUNK + 9).collect();
+    let sampled = SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, seed: 5 };
+    let jobs = [
+        (m.tokenizer.encode("def fibonacci(n):").unwrap(), Mode::Ar, SamplingParams::default()),
+        (m.tokenizer.encode("The capital of France is").unwrap(), Mode::Sd, SamplingParams::default()),
+        (long, Mode::Ar, SamplingParams::default()),
+        (m.tokenizer.encode("Once upon a time,").unwrap(), Mode::Ar, sampled),
+    ];
+    let spec = SpecConfig::new(3, "uniform:2".parse().unwrap(), 1.0, Backup::Jit);
+    let slots = Shared::region(CONTEXT) * jobs.len();
+    let target: BoxedLm = Box::new(gpu_runner(slots));
+    let draft: BoxedLm = Box::new(cpu_runner(slots));
+    let mut batcher = Batcher::new(Shared::new(target, CONTEXT, jobs.len()).unwrap(), Some(Shared::new(draft, CONTEXT, jobs.len()).unwrap()));
+    let requests: Vec<Request> = jobs.iter().map(|(p, _, s)| Request { prompt: p.clone(), max_tokens: 8, sampling: *s, ..Request::default() }).collect();
+    let ids: Vec<u64> = jobs.iter().zip(&requests).map(|((_, mode, _), req)| batcher.join(req.clone(), *mode, &spec, Box::new(|_| true)).unwrap()).collect();
+    let done: std::collections::HashMap<u64, _> = block_on(batcher.finish()).into_iter().collect();
+    let mut alone_target = gpu_runner(CONTEXT);
+    let mut alone_draft = cpu_runner(CONTEXT);
+    for ((id, req), (_, mode, _)) in ids.iter().zip(&requests).zip(&jobs) {
+        alone_target.truncate(0);
+        alone_draft.truncate(0);
+        let want = match mode {
+            Mode::Ar => block_on(generate_ar(&mut alone_target, req, &mut |_| true)).unwrap(),
+            _ => block_on(generate_sd(&mut alone_target, &mut alone_draft, req, &spec, &mut |_| true)).unwrap(),
+        };
+        assert_eq!(done[id].as_ref().unwrap().tokens, want.tokens, "{mode:?} with {:?} on {}", req.sampling, alone_target.backend_name());
+    }
+}
