@@ -249,3 +249,31 @@ fn bench_plot_is_well_formed_svg_with_one_series_per_mode() {
         }
     }
 }
+
+/// `generate --n`: greedy samples in one batch are each the single generation's text; sampled
+/// ones follow their seeds; a mode that does not batch is refused.
+#[test]
+fn n_samples_run_in_one_batch() {
+    let base = ["--prompt", "def add(a, b):", "--max-tokens", "10", "--threads", "2", "--json"];
+    let (ok, one, err) = saguaro(&[&base[..], &["--mode", "ar"]].concat());
+    assert!(ok, "{err}");
+    let one: serde_json::Value = serde_json::from_str(&one).unwrap();
+    let (ok, three, err) = saguaro(&[&base[..], &["--n", "3"]].concat());
+    assert!(ok, "{err}");
+    let three: serde_json::Value = serde_json::from_str(&three).unwrap();
+    for s in three.as_array().unwrap() {
+        assert_eq!(s["tokens"], one["tokens"], "{three}");
+    }
+    let sampled = [&base[..], &["--n", "2", "--temperature", "1.5", "--seed", "9"]].concat();
+    let tokens = || {
+        let (ok, out, err) = saguaro(&sampled);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v.as_array().unwrap().iter().map(|s| s["tokens"].clone()).collect::<Vec<_>>()
+    };
+    let a = tokens();
+    assert_eq!(tokens(), a, "seeded samples repeat");
+    assert_ne!(a[0], a[1], "the samples differ: {a:?}");
+    let (ok, _, err) = saguaro(&[&base[..], &["--n", "2", "--mode", "ssd"]].concat());
+    assert!(!ok && err.contains("does not run in a batch"), "{err}");
+}

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use futures::executor::block_on;
+use saguaro::decode::BoxedSink;
 use saguaro::engine::{Completion, GenerateOptions, Prompt};
 use saguaro::model::tokenizer::ChatMessage;
 use saguaro::{Error, Result};
@@ -78,6 +79,10 @@ struct GenerateArgs {
     json: bool,
     #[command(flatten)]
     grammar: GrammarArgs,
+    /// Generate this many samples of the prompt at once, in one batch (seeds --seed, --seed + 1,
+    /// ...; the same text each when greedy); printed once all are done. Modes: auto, ar, sd.
+    #[arg(long, default_value_t = 1)]
+    n: usize,
 }
 
 fn prompt_text(args: &GenerateArgs) -> Result<String> {
@@ -100,8 +105,14 @@ fn generate(args: &GenerateArgs) -> Result<()> {
     };
     // Checked before the models load, so a bad value is reported at once.
     opts.validate()?;
-    let mut engine = args.engine.engine(&[args.mode])?;
+    if args.n == 0 {
+        return Err(Error::InvalidOption { option: "n", reason: "must be at least 1".into() });
+    }
     let prompt = if args.chat { Prompt::Chat(vec![ChatMessage::new("user", &text)]) } else { Prompt::Text(text) };
+    if args.n > 1 {
+        return samples(args, &prompt, &opts);
+    }
+    let mut engine = args.engine.engine(&[args.mode])?;
     let mut stdout = std::io::stdout().lock();
     let json = args.json;
     let c = block_on(engine.generate(&prompt, &opts, &mut |piece, _| {
@@ -113,6 +124,39 @@ fn generate(args: &GenerateArgs) -> Result<()> {
     }))?;
     drop(stdout);
     report(&c, json);
+    Ok(())
+}
+
+/// `--n`: the samples of one prompt in one batch, printed once all are done.
+fn samples(args: &GenerateArgs, prompt: &Prompt, opts: &GenerateOptions) -> Result<()> {
+    let mut pool = args.engine.pool(args.n)?;
+    let arrivals = (0..args.n)
+        .map(|i| {
+            let mut opts = opts.clone();
+            opts.sampling.seed = opts.sampling.seed.wrapping_add(i as u64);
+            (prompt.clone(), opts, Box::new(|_: &[u32]| true) as BoxedSink<'static>)
+        })
+        .collect();
+    let ids = pool.join_all(arrivals).into_iter().map(|j| j.map(|j| j.id)).collect::<Result<Vec<u64>>>()?;
+    let mut done = std::collections::HashMap::new();
+    while pool.running() > 0 {
+        for (id, g) in block_on(pool.step()) {
+            done.insert(id, g?);
+        }
+    }
+    let mut out = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let g = &done[id];
+        let text = pool.tokenizer().decode(&g.tokens)?;
+        if args.json {
+            out.push(serde_json::json!({"text": text, "tokens": g.tokens, "finish": g.finish, "stats": g.stats}));
+        } else {
+            println!("--- sample {i} ({} tokens, {:?}, {}) ---\n{text}", g.tokens.len(), g.finish, g.stats.mode);
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::Value::Array(out));
+    }
     Ok(())
 }
 
