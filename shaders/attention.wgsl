@@ -69,6 +69,7 @@ var<workgroup> qh: array<f32, QMAX * WG * MAX_DIMS>;
 var<workgroup> scores: array<f32, QMAX * WG>;
 var<workgroup> slots: array<u32, WG>;
 var<workgroup> span: vec2<u32>;
+var<workgroup> skip: u32;
 
 // The rows of a workgroup's queries: query i of block b is row (b * QMAX + i) / group.
 fn query_row(b: u32, i: u32) -> u32 {
@@ -89,6 +90,22 @@ fn attends(r: u32, j: u32, lo: u32, r0: u32) -> bool {
         return slot >= start && slot < prefix;
     }
     return r == r0 + (j - n_prefix) / max(p.stride, 1u);
+}
+
+// Whether any row r0..=r1 attends a prefix slot of the chunk of the walk from entry c0: a block's
+// rows may belong to sequences in distant regions of the cache (`model::shared`), and the
+// stretch between them, which none attends, is skipped rather than walked. A skipped chunk is
+// one that would have added exactly nothing.
+fn chunk_attended(c0: u32, lo: u32, hi: u32, r0: u32, r1: u32) -> bool {
+    if (lo + c0 + WG > hi) {
+        return true;
+    }
+    for (var r = r0; r <= r1; r++) {
+        if (batch_meta[2u * p.m + r] < lo + c0 + WG && batch_meta[p.m + r] > lo + c0) {
+            return true;
+        }
+    }
+    return false;
 }
 
 // One workgroup per (KV head, block of QMAX queries: consecutive rows x the head's query heads, part),
@@ -142,6 +159,12 @@ fn attend(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
         run_max[i] = NEG;
     }
     for (var c0 = first; c0 < to; c0 += WG) {
+        if (t == 0u) {
+            skip = select(0u, 1u, !chunk_attended(c0, lo, bounds.y, r0, r1));
+        }
+        if (workgroupUniformLoad(&skip) == 1u) {
+            continue;
+        }
         let j = c0 + t;
         var slot = NO_SLOT;
         if (j < bounds.y - lo) {
@@ -213,11 +236,12 @@ fn attend(wg: Workgroup, @builtin(local_invocation_index) tid: u32) {
                 }
             }
             for (var i = 0u; i < nq; i++) {
-                // A slot a query does not attend weighs 0.
+                // A slot a query does not attend weighs 0, and adds nothing even where it holds
+                // no finite value (a slot of another sequence's region not yet written).
                 let pr = scores[i * WG + u];
                 sum[i] += pr;
                 for (var dd = 0u; dd < MAX_DIMS; dd++) {
-                    acc[i][dd] += pr * vd[dd];
+                    acc[i][dd] += select(0.0, pr * vd[dd], pr != 0.0);
                 }
             }
         }

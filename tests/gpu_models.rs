@@ -346,7 +346,9 @@ fn sequences_batched_on_the_gpu_equal_their_output_alone() {
     }
     let m = model(SMOLLM2);
     let draft_weights = truncated(&m.weights);
-    const CONTEXT: usize = 128;
+    // Regions far apart, so that a block of queries from two sequences spans a long stretch
+    // of the cache that neither attends.
+    const CONTEXT: usize = 2048;
     // Attention split into parts of 64 slots, as on a GPU that is not the CPU: a decode's walk
     // is split alone and beside the others alike.
     let split = || block_on(GpuBackend::new(GpuOptions { attention_split: Some(64), ..Default::default() })).unwrap();

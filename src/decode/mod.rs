@@ -31,23 +31,19 @@
 //! neither `crate::remote` (which builds on it: a server target implements [`SelfGenerating`])
 //! nor `crate::engine`.
 //!
-//! # What comes next, on the same seam
+//! # Many sequences
 //!
-//! - Batch-level speculation (several sequences per target forward, each with its own drafter
-//!   state, K and SSD outcome cache, joining and leaving between rounds): a strategy's
-//!   per-generation state is already one value per sequence (SD's `Sd`, SSD's round state and the
-//!   worker's `Session`), built from a [`Request`] and driven a round at a time. The batch variant
-//!   adds a `Strategy` method that starts such a state for a joining request and one that runs a
-//!   round over a slice of them (proposals drafted per sequence, one verification forward over
-//!   all their rows, each outcome committed to its own sequence); [`Strategy::generate`] stays the
-//!   batch of one. Costs, readiness and registration are unchanged.
-//! - Constrained decoding (a per-sequence constraint: a mask per position, forced tokens,
-//!   rollback on rejection): the constraint object travels in the [`Request`], which every place
-//!   that draws or judges a token already reads: the target's sampling (`generation::session`,
-//!   `generation::target_rows`), the drafter's draw (`speculation::Drafting`) and the verifier
-//!   (`speculation::verify`), which masks p and q alike so acceptance stays exact; forced tokens
-//!   are proposed as a drafter's point masses are, and rollback follows the KV rollback the
-//!   outcome already drives. No strategy's signature changes.
+//! `batch` runs several generations at once without a strategy knowing: each runs on its own
+//! sequence of a shared target (and draft) (`model::shared`), whose forwards wait for the step
+//! that runs them all as one batch; a generation's tokens are the ones it gets alone. AR and SD
+//! run there; SSD's draft worker serves one sequence, so SSD does not batch.
+//!
+//! # Constrained decoding
+//!
+//! The constraint travels in the [`Request`], which every place that draws or judges a token
+//! reads: the target's sampling (`generation::session`, `generation::target_rows`), the
+//! drafter's draw (`speculation::Drafting`) and the verifier (`speculation::verify`), which masks
+//! p and q alike so acceptance stays exact.
 
 pub mod autoregressive;
 pub mod batch;
