@@ -211,7 +211,7 @@ impl Pool {
 /// 1, 2, 3, 4, 6, 8, 12, ... up to and with `most`: the forward sizes timed, between which the
 /// others are interpolated.
 fn sizes(most: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = (0..).map(|i| [1, 3][i % 2] << (i / 2)).take_while(|&n| n < most).collect();
+    let mut v: Vec<usize> = (0..32).flat_map(|s| [1 << s, 3 << s]).filter(|&n| n < most).collect();
     v.sort_unstable();
     v.push(most);
     v.dedup();
