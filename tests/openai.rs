@@ -84,6 +84,20 @@ fn clients_in_one_batch_get_what_each_gets_alone() {
     assert_eq!(v["choices"][0]["text"].as_str().unwrap(), &full[..full.find(stop).unwrap()]);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
 
+    // response_format holds the output to a schema, here beside another request.
+    let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "green"]}}, "required": ["color"], "additionalProperties": false});
+    let held = json!({"messages": [{"role": "user", "content": "Pick a color."}], "max_tokens": 30, "temperature": 0,
+                      "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}});
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| post(url, "/v1/chat/completions", &held));
+        let b = s.spawn(|| post(url, "/v1/completions", &completion(PROMPTS[0], 24)));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(a.0, 200, "{}", a.1);
+    let object: Value = serde_json::from_str(a.1["choices"][0]["message"]["content"].as_str().unwrap()).expect("a JSON answer");
+    assert!(object["color"] == "red" || object["color"] == "green", "{object}");
+    assert_eq!(b.1["choices"][0]["text"], alone[0]["choices"][0]["text"]);
+
     // Chat, n samples seeded: two choices, the same for the same seed.
     let chat = json!({"messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 12, "n": 2, "seed": 3, "temperature": 0.9});
     let (status, a) = post(url, "/v1/chat/completions", &chat);
