@@ -95,7 +95,17 @@ kvCache?: KvCache,
  * fp32 reference than with f32 arithmetic (greedy speculation still gives exactly the
  * target's tokens), and its speed on a GPU is not yet measured.
  */
-shaderF16?: boolean, };
+shaderF16?: boolean, 
+/**
+ * Sequences that generate at once, 1 to `LIMITS.maxParallel` (default `DEFAULTS.parallel`).
+ * Above 1, concurrent `generate`, `stream` and `chat.completions.create` calls (and a chat
+ * completion's `n` choices) run as one batch, each forward reading the weights once for all
+ * of them, and each call's output is what it would be alone. The engine then runs AR and SD
+ * (the draft in the engine's worker; SSD's speculation serves one sequence and is not
+ * offered), chooses between them for the batch size each call joins, and holds a KV cache of
+ * `context` tokens per sequence. Calls beyond `parallel` wait for a sequence to free up.
+ */
+parallel?: number, };
 
 /**
  * A target on a server that speaks SGLang's `/generate` (`saguaro serve`, or SGLang): every
@@ -217,7 +227,11 @@ stopTexts: Array<string>,
  * The engine worker's wasm memory in bytes, its peak so far (wasm memory only grows). A
  * target on WebGPU streams to the GPU tensor by tensor and is never held whole there.
  */
-wasmMemoryBytes: number, };
+wasmMemoryBytes: number, 
+/**
+ * Sequences that generate at once (the `parallel` option).
+ */
+parallel: number, };
 
 /**
  * The result of one generation (the CLI's `--json` object and the JS API's result).
@@ -416,6 +430,14 @@ threadCap: number,
  */
 modes: Array<Mode>, 
 /**
+ * The modes a load with a draft and `parallel` above 1 prepares: those that run in a batch.
+ */
+batchModes: Array<Mode>, 
+/**
+ * Sequences that generate at once.
+ */
+parallel: number, 
+/**
  * Draft tokens per round for SD and SSD.
  */
 specK: number, 
@@ -467,7 +489,11 @@ maxThreads: number,
 /**
  * The largest model (a CPU model, a draft: one computed on in wasm memory), in bytes.
  */
-maxModelBytes: number, };
+maxModelBytes: number, 
+/**
+ * The most sequences the `parallel` option takes.
+ */
+maxParallel: number, };
 
 /** What an option left out means. */
 export declare const DEFAULTS: Readonly<Defaults>;

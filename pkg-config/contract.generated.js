@@ -9,6 +9,11 @@ export const DEFAULTS = Object.freeze({
     "sd",
     "ssd"
   ],
+  "batchModes": [
+    "ar",
+    "sd"
+  ],
+  "parallel": 1,
   "specK": 4,
   "fanout": "uniform:3",
   "backup": "jit",
@@ -24,5 +29,6 @@ export const DEFAULTS = Object.freeze({
 
 export const LIMITS = Object.freeze({
   "maxThreads": 64,
-  "maxModelBytes": 3758096384.0
+  "maxModelBytes": 3758096384.0,
+  "maxParallel": 16
 });

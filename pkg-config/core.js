@@ -322,6 +322,12 @@ export async function loadEngine(target, draft, opts, modes, onProgress, request
     const d = await readModel(draft, { role: 'draft', onProgress, cache: opts.cache, hub: opts.hub });
     return unlessStopped(wasm.WasmEngine.loadRemote(target, d, engineOptions(opts, modes)));
   }
+  // Several sequences at once share one batch: the target is read whole first (wasm.WasmPool).
+  if ((opts.parallel ?? 1) > 1) {
+    const t = await readModel(target, { role: 'target', onProgress, cache: opts.cache, hub: opts.hub });
+    const d = draft ? await readModel(draft, { role: 'draft', onProgress, cache: opts.cache, hub: opts.hub }) : undefined;
+    return unlessStopped(wasm.WasmPool.load(t, d, engineOptions(opts, modes)));
+  }
   // A WebGPU target goes to the GPU as it downloads; a CPU target computes on its bytes in wasm memory.
   const streamed = opts.backend === 'gpu' && !!wasm.ModelStream;
   const t = streamed

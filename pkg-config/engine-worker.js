@@ -106,7 +106,7 @@ self.onmessage = async (e) => {
   if (msg.type === 'abort') {
     aborted.add(msg.target);
     // The draft's speculation stops now; the generation at its next round.
-    if (msg.target === running) engine?.interrupt();
+    if (msg.target === running) engine?.interrupt?.();
     return;
   }
   try {

@@ -137,6 +137,9 @@ export interface ChatCompletionRequest {
    * each call's arguments follow its schema, and a reply that calls ends with 'tool_calls'. */
   tools?: Tool[];
   tool_choice?: EngineGenerateOptions['toolChoice'];
+  /** Choices to generate (default 1), choice i sampling with seed + i; in one batch where the
+   * engine was loaded with `parallel` of at least n, else one after another. */
+  n?: number;
 }
 
 export interface ChatCompletion {
@@ -150,6 +153,7 @@ export interface ChatCompletion {
     finish_reason: 'stop' | 'length' | 'tool_calls';
   }[];
   usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+  /** The first choice's statistics. */
   stats: Stats;
 }
 
@@ -163,6 +167,7 @@ export interface ChatCompletionChunk {
     delta: { role?: 'assistant'; content?: string; tool_calls?: (ChatToolCall & { index: number })[] };
     finish_reason: 'stop' | 'length' | 'tool_calls' | null;
   }[];
+  /** On the last chunk; with n above 1, on a last chunk of its own whose `choices` is empty. */
   usage?: ChatCompletion['usage'];
 }
 

@@ -24,6 +24,24 @@ function fail(info) {
   return new SaguaroError(info.code, info.message);
 }
 
+/** The values of several async iterators as each comes; leaving early ends them all. */
+async function* interleave(iterators) {
+  const next = (i) => iterators[i].next().then((r) => ({ r, i }));
+  const pending = new Map(iterators.map((_, i) => [i, next(i)]));
+  try {
+    while (pending.size) {
+      const { r, i } = await Promise.race(pending.values());
+      if (r.done) pending.delete(i);
+      else {
+        pending.set(i, next(i));
+        yield r.value;
+      }
+    }
+  } finally {
+    for (const i of pending.keys()) iterators[i].return?.();
+  }
+}
+
 /** OpenAI's finish_reason for ours ('cancelled' never gets here: it rejects as 'aborted'). A
  * grammar that completed ends the generation as 'eos' does: 'stop'. */
 const FINISH_REASONS = { eos: 'stop', max_tokens: 'length', context_full: 'length' };
@@ -309,7 +327,8 @@ export class Saguaro {
   static async load(models, options = {}) {
     if (!models || models.target === undefined) throw new SaguaroError('invalid_argument', 'load: give at least { target }');
     // Other options pass through: the engine checks them against its one list of names.
-    const modes = options.modes ?? (models.draft ? DEFAULTS.modes : ['ar']);
+    const batched = (options.parallel ?? DEFAULTS.parallel) > 1;
+    const modes = options.modes ?? (models.draft ? (batched ? DEFAULTS.batchModes : DEFAULTS.modes) : ['ar']);
     // The names are the engine's to check (with the other options, before any download).
     if (!Array.isArray(modes)) throw new SaguaroError('invalid_argument', 'modes: expected an array of mode names');
     // Asked of the page (workers cannot): a persistent store is not evicted under pressure.
@@ -354,9 +373,12 @@ export class Saguaro {
       if (result.finish === 'cancelled') throw abortError(result);
       return result;
     };
-    // One generation at a time per engine; later calls wait their turn.
-    const p = this.#queue.then(run, run);
-    this.#queue = p.catch(() => {});
+    // With `parallel` above 1 a call joins the engine's batch at once; else one generation runs
+    // at a time and later calls wait their turn. dispose() waits for every call made before it.
+    const batched = this.info.parallel > 1;
+    const p = batched ? run() : this.#queue.then(run, run);
+    const settled = p.catch(() => {});
+    this.#queue = batched ? Promise.all([this.#queue, settled]) : settled;
     return p;
   }
 
@@ -421,17 +443,27 @@ export class Saguaro {
   }
 
   async #chatCompletion(req) {
-    const { max_tokens, temperature, top_p, seed, stream, signal, mode, response_format, grammar, regex, tools, tool_choice } = req ?? {};
+    const { max_tokens, temperature, top_p, seed, stream, signal, mode, response_format, grammar, regex, tools, tool_choice, n = 1 } = req ?? {};
     if (!Array.isArray(req?.messages) || req.messages.length === 0) throw new SaguaroError('invalid_argument', 'messages: give at least one {role, content}');
+    if (!Number.isInteger(n) || n < 1) throw new SaguaroError('invalid_argument', `n: must be a whole number of choices, at least 1, got ${JSON.stringify(n)}`);
     // Earlier calls go to the chat template as transformers hands them over: arguments parsed.
     const messages = req.messages.map(({ role, content, tool_calls }) => ({
       role,
       content: content ?? '',
       ...(tool_calls?.length && { tool_calls: tool_calls.map((c) => ({ type: 'function', function: { name: c.function.name, arguments: JSON.parse(c.function.arguments || '{}') } })) }),
     }));
+    // The n choices stop together: at the caller's signal, or when one of them fails.
+    const stop = new AbortController();
+    const follow = () => stop.abort();
+    if (signal?.aborted) stop.abort();
+    else signal?.addEventListener('abort', follow, { once: true });
     // Left out, each is the engine's default (`DEFAULTS`); the engine checks the formats.
-    const opts = { maxTokens: max_tokens, temperature, topP: top_p, seed, signal, mode, responseFormat: response_format ?? undefined, grammar, regex, tools, toolChoice: tool_choice };
+    const opts = { maxTokens: max_tokens, temperature, topP: top_p, seed, signal: stop.signal, mode, responseFormat: response_format ?? undefined, grammar, regex, tools, toolChoice: tool_choice };
     for (const k of Object.keys(opts)) if (opts[k] === undefined) delete opts[k];
+    // Choice i samples with seed + i, as saguaro serve's do: the choices differ. With `parallel`
+    // above 1 they generate in one batch, else one after another.
+    const optsOf = (i) => (n > 1 ? { ...opts, seed: (seed ?? DEFAULTS.seed) + i } : opts);
+    const choices = Array.from({ length: n }, (_, i) => i);
     const id = `chatcmpl-${Math.random().toString(36).slice(2)}`;
     const created = Math.floor(Date.now() / 1000);
     const stops = this.info.stopTexts ?? [];
@@ -441,19 +473,30 @@ export class Saguaro {
     };
     const calls = (r) => r.toolCalls?.map((c, i) => ({ index: i, id: `call_${id.slice(9)}_${i}`, type: 'function', function: { name: c.name, arguments: c.arguments } }));
     const reason = (r) => (r.toolCalls?.length ? 'tool_calls' : FINISH_REASONS[r.finish]);
-    const usage = (r) => ({ prompt_tokens: r.promptTokens, completion_tokens: r.tokens.length, total_tokens: r.promptTokens + r.tokens.length });
+    const usage = (rs) => {
+      const completion_tokens = rs.reduce((sum, r) => sum + r.tokens.length, 0);
+      return { prompt_tokens: rs[0].promptTokens, completion_tokens, total_tokens: rs[0].promptTokens + completion_tokens };
+    };
+    const settled = (p) => p.finally(() => signal?.removeEventListener('abort', follow));
     if (!stream) {
-      const r = await this.generate({ messages }, opts);
-      const message = r.toolCalls?.length ? { role: 'assistant', content: null, tool_calls: calls(r) } : { role: 'assistant', content: strip(r.text) };
-      return { id, object: 'chat.completion', created, model: 'saguaro', choices: [{ index: 0, message, finish_reason: reason(r) }], usage: usage(r), stats: r.stats };
+      const rs = await settled(
+        Promise.all(choices.map((i) => this.generate({ messages }, optsOf(i)))).catch((e) => {
+          stop.abort();
+          throw e;
+        }),
+      );
+      const message = (r) => (r.toolCalls?.length ? { role: 'assistant', content: null, tool_calls: calls(r) } : { role: 'assistant', content: strip(r.text) });
+      const out = rs.map((r, index) => ({ index, message: message(r), finish_reason: reason(r) }));
+      return { id, object: 'chat.completion', created, model: 'saguaro', choices: out, usage: usage(rs), stats: rs[0].stats };
     }
-    const s = this.stream({ messages }, opts);
-    const chunk = (delta, finish_reason = null) => ({ id, object: 'chat.completion.chunk', created, model: 'saguaro', choices: [{ index: 0, delta, finish_reason }] });
+    const streams = choices.map((i) => this.stream({ messages }, optsOf(i)));
+    settled(Promise.allSettled(streams.map((s) => s.result)));
+    const chunk = (index, delta, finish_reason = null) => ({ id, object: 'chat.completion.chunk', created, model: 'saguaro', choices: [{ index, delta, finish_reason }] });
     // With tools the output may be calls, which begin with '<' (plain text never does, the tools'
     // grammar says): nothing of it streams as content until its first character shows which.
     const mayCall = tools?.length && tool_choice !== 'none';
-    return (async function* () {
-      yield chunk({ role: 'assistant', content: '' });
+    async function* choice(index, s) {
+      yield chunk(index, { role: 'assistant', content: '' });
       // One piece is held back so the stop token's text can be cut from the last one.
       let held = null;
       let text = '';
@@ -461,17 +504,28 @@ export class Saguaro {
         text += piece;
         if (mayCall && !/\S/.test(text)) continue;
         if (mayCall && text.trimStart().startsWith('<')) continue;
-        if (held !== null) yield chunk({ content: held });
+        if (held !== null) yield chunk(index, { content: held });
         held = held === null && mayCall ? text : piece;
       }
       const r = await s.result;
       // A call cut short by max_tokens is text after all.
       const rest = held ?? (mayCall ? text : null);
-      if (r.toolCalls?.length) yield chunk({ tool_calls: calls(r) });
-      else if (rest !== null && strip(rest)) yield chunk({ content: strip(rest) });
-      const last = chunk({}, reason(r));
-      last.usage = usage(r);
+      if (r.toolCalls?.length) yield chunk(index, { tool_calls: calls(r) });
+      else if (rest !== null && strip(rest)) yield chunk(index, { content: strip(rest) });
+      const last = chunk(index, {}, reason(r));
+      if (n === 1) last.usage = usage([r]);
       yield last;
+    }
+    if (n === 1) return choice(0, streams[0]);
+    return (async function* () {
+      try {
+        yield* interleave(streams.map((s, i) => choice(i, s)));
+      } catch (e) {
+        stop.abort();
+        throw e;
+      }
+      // The usage of all the choices, in a chunk of its own (OpenAI's `include_usage`).
+      yield { id, object: 'chat.completion.chunk', created, model: 'saguaro', choices: [], usage: usage(await Promise.all(streams.map((s) => s.result))) };
     })();
   }
 

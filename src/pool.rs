@@ -1,7 +1,7 @@
 //! Many generations at once: one target (and draft) shared by up to `parallel` sequences, each
 //! generation joining and leaving between steps (continuous batching, `decode::batch`). What
-//! `saguaro serve`'s OpenAI endpoints and `saguaro bench --concurrency` run; [`Engine`] is the
-//! engine of one sequence at a time, with every mode.
+//! `saguaro serve`'s OpenAI endpoints, `saguaro bench --concurrency` and the JS API loaded with
+//! `parallel` run; [`Engine`] is the engine of one sequence at a time, with every mode.
 //!
 //! A generation's mode is the one asked for, or chosen as it joins from forwards timed at load:
 //! at the batch size it joins, SD at the K with the most tokens per second, or AR where
@@ -118,6 +118,27 @@ impl Pool {
         self.batcher.free()
     }
 
+    /// The mode (and K) a generation that names none takes, joining a batch of `batch`.
+    pub fn choose(&self, batch: usize) -> (Mode, usize) {
+        match &self.costs {
+            Some(c) => c.choose(batch.min(self.parallel), self.spec.k),
+            None => (if self.has_draft { Mode::Sd } else { Mode::Ar }, self.spec.k),
+        }
+    }
+
+    /// Where the target computes, and the draft (their backends' names).
+    pub fn backends(&self) -> (String, Option<String>) {
+        (self.batcher.target().backend_name(), self.batcher.draft().map(Shared::backend_name))
+    }
+
+    pub fn target_config(&self) -> crate::model::config::ModelConfig {
+        self.batcher.target().config()
+    }
+
+    pub fn has_draft(&self) -> bool {
+        self.has_draft
+    }
+
     /// The forwards timed at load and the acceptance seen, where the mode is chosen.
     pub fn costs(&self) -> Option<&BatchCosts> {
         self.costs.as_ref()
@@ -157,10 +178,7 @@ impl Pool {
         let batch = batch.min(self.parallel);
         let (mode, k) = match opts.mode {
             Some(m) => (m, opts.spec.as_ref().map_or(self.spec.k, |s| s.k)),
-            None => match &self.costs {
-                Some(c) => c.choose(batch, self.spec.k),
-                None => (if self.has_draft { Mode::Sd } else { Mode::Ar }, self.spec.k),
-            },
+            None => self.choose(batch),
         };
         if self.batcher.free() == 0 {
             return Err(Error::InvalidArgument(format!("all {} sequences are taken", self.parallel)));

@@ -283,6 +283,7 @@ fn result_types_name_the_keys_js_receives() {
         context_length: 8,
         stop_texts: vec![],
         wasm_memory_bytes: 0.0,
+        parallel: 1,
     };
     check_result(&info(Some("cpu".into())), &info(None));
     check_result(&defaults(), &defaults());

@@ -12,7 +12,7 @@ mod generated;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::decode::{Mode, SpecConfig};
+use crate::decode::{Mode, SpecConfig, BATCHED};
 use crate::engine::{EngineOptions, GenerateOptions};
 use crate::remote::client::{DEFAULT_BACKOFF, DEFAULT_RETRIES, DEFAULT_TIMEOUT, DEFAULT_TOP_N};
 use crate::sampling::SamplingParams;
@@ -24,6 +24,10 @@ pub const MAX_THREADS: usize = 64;
 /// `threads` without the option is one per logical core, at most this many: beyond a few threads
 /// a decode step gains little (memory bandwidth, a synchronization per matmul).
 pub const DEFAULT_THREAD_CAP: usize = 8;
+/// The most sequences the `parallel` option takes: each holds a KV cache of `context` tokens.
+pub const MAX_PARALLEL: usize = 16;
+/// One sequence at a time: every mode, SSD's included.
+pub const DEFAULT_PARALLEL: usize = 1;
 /// The largest model file a model in wasm memory is read from: wasm32's memory is 4 GiB in all.
 pub const MAX_MODEL_BYTES: f64 = 3.5 * (1u64 << 30) as f64;
 
@@ -41,6 +45,11 @@ pub struct Defaults {
     /// The modes a load with a draft prepares (without one: 'ar' alone).
     #[cfg_attr(test, ts(as = "Vec<Mode>"))]
     pub modes: Vec<String>,
+    /// The modes a load with a draft and `parallel` above 1 prepares: those that run in a batch.
+    #[cfg_attr(test, ts(as = "Vec<Mode>"))]
+    pub batch_modes: Vec<String>,
+    /// Sequences that generate at once.
+    pub parallel: usize,
     /// Draft tokens per round for SD and SSD.
     pub spec_k: usize,
     /// SSD's fan-out.
@@ -74,6 +83,8 @@ pub struct Limits {
     pub max_threads: usize,
     /// The largest model (a CPU model, a draft: one computed on in wasm memory), in bytes.
     pub max_model_bytes: f64,
+    /// The most sequences the `parallel` option takes.
+    pub max_parallel: usize,
 }
 
 /// The defaults, from where the engine keeps them.
@@ -85,6 +96,8 @@ pub fn defaults() -> Defaults {
         max_tokens: GenerateOptions::default().max_tokens,
         thread_cap: DEFAULT_THREAD_CAP,
         modes: Mode::ALL.iter().map(Mode::to_string).collect(),
+        batch_modes: BATCHED.iter().map(Mode::to_string).collect(),
+        parallel: DEFAULT_PARALLEL,
         spec_k: spec.k,
         fanout: spec.fanout.to_string(),
         backup: spec.backup.to_string(),
@@ -100,7 +113,7 @@ pub fn defaults() -> Defaults {
 }
 
 pub fn limits() -> Limits {
-    Limits { max_threads: MAX_THREADS, max_model_bytes: MAX_MODEL_BYTES }
+    Limits { max_threads: MAX_THREADS, max_model_bytes: MAX_MODEL_BYTES, max_parallel: MAX_PARALLEL }
 }
 
 /// A result as JS sees it: the Rust side's snake_case keys (the CLI's JSON) in camelCase, at

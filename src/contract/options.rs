@@ -8,10 +8,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::MAX_THREADS;
+use super::{DEFAULT_PARALLEL, MAX_PARALLEL, MAX_THREADS};
 use crate::backend::cpu::Precision;
 use crate::backend::KvCache;
-use crate::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig};
+use crate::decode::{Backup, Fanout, Mode, NgramConfig, SpecConfig, BATCHED};
 use crate::engine::{Device, EngineOptions, GenerateOptions};
 use crate::remote::RemoteOptions;
 use crate::sampling::SamplingParams;
@@ -94,6 +94,14 @@ pub struct LoadOpts {
     /// fp32 reference than with f32 arithmetic (greedy speculation still gives exactly the
     /// target's tokens), and its speed on a GPU is not yet measured.
     shader_f16: Option<bool>,
+    /// Sequences that generate at once, 1 to `LIMITS.maxParallel` (default `DEFAULTS.parallel`).
+    /// Above 1, concurrent `generate`, `stream` and `chat.completions.create` calls (and a chat
+    /// completion's `n` choices) run as one batch, each forward reading the weights once for all
+    /// of them, and each call's output is what it would be alone. The engine then runs AR and SD
+    /// (the draft in the engine's worker; SSD's speculation serves one sequence and is not
+    /// offered), chooses between them for the batch size each call joins, and holds a KV cache of
+    /// `context` tokens per sequence. Calls beyond `parallel` wait for a sequence to free up.
+    parallel: Option<usize>,
 }
 
 /// How a model on the GPU runs, beside the adapter the browser picks.
@@ -127,6 +135,15 @@ fn spec(k: Option<usize>, fanout: Option<&str>, backup: Option<&str>) -> Result<
 }
 
 impl LoadOpts {
+    /// The `parallel` option, checked.
+    pub fn parallel(&self) -> Result<usize, Invalid> {
+        match self.parallel {
+            None => Ok(DEFAULT_PARALLEL),
+            Some(n) if (1..=MAX_PARALLEL).contains(&n) => Ok(n),
+            Some(n) => Err(Invalid(format!("parallel: must be 1 to {MAX_PARALLEL}, got {n}"))),
+        }
+    }
+
     pub fn engine_options(&self) -> Result<EngineOptions, Invalid> {
         let modes = self
             .modes
@@ -134,6 +151,11 @@ impl LoadOpts {
             .flatten()
             .map(|m| m.parse::<Mode>().map_err(|e| Invalid(format!("modes: {e}"))))
             .collect::<Result<Vec<_>, _>>()?;
+        if self.parallel()? > 1 {
+            if let Some(m) = modes.iter().find(|m| !BATCHED.contains(m)) {
+                return Err(Invalid(format!("modes: {m} does not run with parallel above 1 (its speculation serves one sequence)")));
+            }
+        }
         let defaults = EngineOptions::default();
         let context = self.context.unwrap_or(defaults.context);
         if context == 0 {
@@ -362,4 +384,6 @@ pub struct EngineInfo {
     /// The engine worker's wasm memory in bytes, its peak so far (wasm memory only grows). A
     /// target on WebGPU streams to the GPU tensor by tensor and is never held whole there.
     pub wasm_memory_bytes: f64,
+    /// Sequences that generate at once (the `parallel` option).
+    pub parallel: usize,
 }

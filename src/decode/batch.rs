@@ -23,6 +23,9 @@ use super::strategy::Mode;
 use crate::error::{Error, Result};
 use crate::model::shared::Shared;
 
+/// The modes that run in a batch: SSD's speculation serves one sequence.
+pub const BATCHED: [Mode; 2] = [Mode::Ar, Mode::Sd];
+
 /// Where a joining generation's tokens go as they are committed; `false` cancels it.
 pub type BoxedSink<'a> = Box<dyn FnMut(&[u32]) -> bool + 'a>;
 
@@ -37,6 +40,14 @@ pub struct Batcher<'a> {
 impl<'a> Batcher<'a> {
     pub fn new(target: Shared, draft: Option<Shared>) -> Self {
         Batcher { target, draft, live: Vec::new(), next: 0 }
+    }
+
+    pub fn target(&self) -> &Shared {
+        &self.target
+    }
+
+    pub fn draft(&self) -> Option<&Shared> {
+        self.draft.as_ref()
     }
 
     /// Generations that can join now: the target's free regions (a draft has as many regions,
@@ -68,10 +79,8 @@ impl<'a> Batcher<'a> {
                 Box::pin(async move { generate_sd(&mut target, &mut draft, &req, &spec, &mut *sink).await })
             }
             other => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} does not run in a batch (ar and sd do)",
-                    other.name()
-                )))
+                let batched: Vec<&str> = BATCHED.iter().map(|m| m.name()).collect();
+                return Err(Error::InvalidArgument(format!("{} does not run in a batch ({} do)", other.name(), batched.join(" and "))));
             }
         };
         self.next += 1;

@@ -57,7 +57,7 @@ pub mod ssd;
 pub mod strategy;
 
 pub use autoregressive::{generate_ar, Autoregressive};
-pub use batch::{Batcher, BoxedSink};
+pub use batch::{Batcher, BoxedSink, BATCHED};
 pub use choice::Candidate;
 pub(crate) use generation::costs::{probe, time_forwards};
 pub(crate) use generation::{elapsed_ms, Output};

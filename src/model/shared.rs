@@ -107,6 +107,15 @@ impl Shared {
         self.inner.borrow().free.len()
     }
 
+    /// Where the model computes (its backend's name).
+    pub fn backend_name(&self) -> String {
+        self.inner.borrow().backend.clone()
+    }
+
+    pub fn config(&self) -> ModelConfig {
+        self.inner.borrow().config.clone()
+    }
+
     /// Forwards run so far.
     pub fn forwards(&self) -> u64 {
         self.inner.borrow().forwards

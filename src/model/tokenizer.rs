@@ -3,6 +3,7 @@
 //! rebuilt into the tokenizer Hugging Face would load from the original `tokenizer.json`, so GGUF
 //! and HF-directory models share one implementation and agree with the reference token for token.
 
+use std::borrow::Borrow;
 use std::fmt;
 
 use minijinja::syntax::SyntaxConfig;
@@ -466,9 +467,10 @@ impl Tokenizer {
 }
 
 /// Incremental detokenizer: feed ids one at a time, get back only text whose UTF-8 is complete
-/// (a multi-byte character split across byte-level tokens is held back until complete).
-pub struct StreamDecoder<'a> {
-    tok: &'a Tokenizer,
+/// (a multi-byte character split across byte-level tokens is held back until complete). It
+/// holds its tokenizer as `&Tokenizer`, or shared (`Rc<Tokenizer>`) where it outlives a borrow.
+pub struct StreamDecoder<T: Borrow<Tokenizer>> {
+    tok: T,
     /// The tokens already emitted that are kept as context (decoders such as Metaspace treat
     /// the first token of a sequence differently), followed by those not yet emitted.
     ids: Vec<u32>,
@@ -477,14 +479,14 @@ pub struct StreamDecoder<'a> {
     prefix: String,
 }
 
-impl<'a> StreamDecoder<'a> {
-    pub fn new(tok: &'a Tokenizer) -> Self {
+impl<T: Borrow<Tokenizer>> StreamDecoder<T> {
+    pub fn new(tok: T) -> Self {
         StreamDecoder { tok, ids: Vec::new(), emitted: 0, prefix: String::new() }
     }
 
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
-        let text = self.tok.decode(&self.ids)?;
+        let text = self.tok.borrow().decode(&self.ids)?;
         // An incomplete UTF-8 sequence at the end decodes to U+FFFD: wait for its next bytes.
         if text.len() <= self.prefix.len() || text.ends_with(char::REPLACEMENT_CHARACTER) {
             return Ok(String::new());
@@ -492,15 +494,17 @@ impl<'a> StreamDecoder<'a> {
         let new = self.new_text(&text)?;
         self.ids.drain(..self.emitted);
         self.emitted = self.ids.len();
-        self.prefix = self.tok.decode(&self.ids)?;
+        self.prefix = self.tok.borrow().decode(&self.ids)?;
         Ok(new)
     }
 
     /// Whatever is still held back, incomplete characters included (as U+FFFD).
     pub fn finish(&mut self) -> Result<String> {
-        let text = self.tok.decode(&self.ids)?;
+        let text = self.tok.borrow().decode(&self.ids)?;
         let rest = if text.len() > self.prefix.len() { self.new_text(&text)? } else { String::new() };
-        *self = StreamDecoder::new(self.tok);
+        self.ids.clear();
+        self.emitted = 0;
+        self.prefix.clear();
         Ok(rest)
     }
 

@@ -293,7 +293,7 @@ impl Turns {
 }
 
 /// Resolves on a later turn of the event loop.
-async fn next_task() {
+pub(crate) async fn next_task() {
     let promise = TURNS.with(|t| {
         let t = t.as_ref()?;
         Some(Promise::new(&mut |resolve, _| {

@@ -6,6 +6,8 @@
 //!   it has downloaded, so wasm memory never holds more than one tensor of it (a model larger than
 //!   wasm32's 4 GiB loads);
 //! - [`WasmEngine`]: the [`Engine`] in the engine worker (or inline in Node);
+//! - [`pool::WasmPool`]: with `parallel` above 1, a [`crate::pool::Pool`] there instead, its calls
+//!   joining one batch;
 //! - [`WasmDraft`]: the draft in its own Web Worker, answering the engine's jobs over a
 //!   `MessagePort`: SSD's speculation, SD's drafting, and the timing of the draft at load (the
 //!   engine worker then holds no draft model);
@@ -18,6 +20,7 @@
 mod channel;
 mod fetch;
 mod options;
+mod pool;
 mod timer;
 #[cfg(all(feature = "threads", target_feature = "atomics"))]
 pub(crate) mod threads;
@@ -51,6 +54,17 @@ pub(crate) fn js_error_with(code: ErrorCode, message: &str) -> JsValue {
     let err = js_sys::Error::new(message);
     let _ = js_sys::Reflect::set(&err, &"code".into(), &code.to_string().into());
     err.into()
+}
+
+/// A generation's result as JS takes it (`GenerateResult`).
+fn completion_js(completion: &crate::Completion) -> Result<JsValue, JsValue> {
+    let completion = serde_json::to_value(completion).map_err(|e| js_error_with(ErrorCode::Internal, &e.to_string()))?;
+    to_js(&contract::camel(completion))
+}
+
+/// This instance's wasm memory in bytes.
+fn wasm_memory_bytes() -> f64 {
+    core::arch::wasm32::memory_size(0) as f64 * 65536.0
 }
 
 fn to_js<T: Serialize>(v: &T) -> Result<JsValue, JsValue> {
@@ -360,6 +374,9 @@ impl WasmEngine {
             let remote = server.remote_options()?;
             let opts: LoadOpts = options::parse(opts)?;
             let engine_opts = opts.engine_options()?;
+            if opts.parallel()? > 1 {
+                return Err(js_error_with(ErrorCode::InvalidArgument, "parallel: a server target batches on its server (saguaro serve --parallel N)"));
+            }
             let draft = draft.parse()?;
             let target = RemoteTarget::connect_with(remote, Arc::new(fetch::Fetch), &draft.weights.config)
                 .await
@@ -444,7 +461,8 @@ impl WasmEngine {
                 vocab_size: c.vocab_size,
                 context_length: c.context_length,
                 stop_texts: engine.tokenizer().eos_ids().iter().filter_map(|&id| engine.tokenizer().id_to_token(id)).collect(),
-                wasm_memory_bytes: core::arch::wasm32::memory_size(0) as f64 * 65536.0,
+                wasm_memory_bytes: wasm_memory_bytes(),
+                parallel: 1,
             }
         })?;
         to_js(&info)
@@ -477,8 +495,7 @@ impl WasmEngine {
             if let Some(e) = callback_error {
                 return Err(e);
             }
-            let completion = serde_json::to_value(&completion).map_err(|e| js_error_with(ErrorCode::Internal, &e.to_string()))?;
-            to_js(&contract::camel(completion))
+            completion_js(&completion)
         })
     }
 }

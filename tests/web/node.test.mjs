@@ -1,7 +1,8 @@
 // The packed npm package in Node, installed into a fresh project (scripts/test-web.sh does that
 // and runs this file there): SmolLM2 from bytes on the CPU backend, AR and SSD against the golden
 // greedy ids, streaming (and leaving a stream early), the chat API, abort, structured output
-// (responseFormat, OpenAI's response_format, an invalid schema), errors, options only the engine
+// (responseFormat, OpenAI's response_format, an invalid schema), calls in one batch (`parallel`,
+// chat `n`), errors, options only the engine
 // knows, and a model served gzip-encoded; sampled AR against the native engine's (`saguaro
 // generate`, SAGUARO_BIN) for the same seed.
 // Usage: SAGUARO_MODELS=DIR node --test node.test.mjs   (cwd: a project with saguaro-web installed)
@@ -207,6 +208,74 @@ test('an invalid schema', async (t) => {
   await check(t, chat === 'invalid_grammar', `chat with an invalid response_format schema: code invalid_grammar (${chat})`);
   const after = await engine.generate(g.prompt, { mode: 'ar', maxTokens: n });
   await check(t, JSON.stringify(after.tokens) === JSON.stringify(ar.tokens), 'the engine still generates after an invalid schema, as before');
+});
+
+// With `parallel`, calls made together generate in one batch: each gives what it gives alone on
+// the one-at-a-time engine (greedy in every batched mode, sampled AR seed for seed), their pieces
+// arrive interleaved, an abort or a failure leaves the others running, and calls beyond
+// `parallel` wait for a sequence.
+test('parallel: concurrent calls in one batch', async (t) => {
+  const same = (a, b) => JSON.stringify(a.tokens) === JSON.stringify(b.tokens) && a.text === b.text;
+  const codeOf = (p) => p.then(() => null, (e) => e.code);
+  const prompts = [g.prompt, 'def fibonacci(n):', 'The three primary colors are'];
+  const alone = [];
+  let t0 = performance.now();
+  for (const p of prompts) alone.push(await engine.generate(p, { mode: 'ar', maxTokens: n }));
+  const inLineMs = performance.now() - t0;
+  const sampled = { temperature: 0.8, topP: 0.95, seed: 7, maxTokens: n };
+  const sampledAlone = await engine.generate(prompts[1], { ...sampled, mode: 'ar' });
+
+  const batch = await Saguaro.load({ target: bytes, draft: new Uint8Array(bytes) }, { parallel: 3 });
+  await check(t, batch.info.parallel === 3 && batch.info.hasDraft && DEFAULTS.batchModes.includes(batch.info.defaultMode),
+    `loaded for 3 sequences with a draft (${JSON.stringify(batch.info)})`);
+  const order = [];
+  const together = await Promise.all(prompts.map((p, i) => batch.generate(p, { maxTokens: n, onToken: () => order.push(i) })));
+  await check(t, together.every((r, i) => same(r, alone[i])), `3 calls at once each equal their AR output alone (modes ${together.map((r) => r.stats.mode)})`);
+  await check(t, order.indexOf(1) < order.lastIndexOf(0) && order.indexOf(2) < order.lastIndexOf(0), `their pieces interleave (${order.join('')})`);
+  for (const mode of DEFAULTS.batchModes) {
+    t0 = performance.now();
+    const rs = await Promise.all(prompts.map((p) => batch.generate(p, { mode, maxTokens: n })));
+    const ms = performance.now() - t0;
+    await check(t, rs.every((r, i) => same(r, alone[i]) && r.stats.mode === mode), `mode ${mode}: each of 3 at once equals AR alone`);
+    console.log(`metrics: node wasm CPU (${batch.info.threads} threads), 3 calls of ${n} tokens: ${mode} at once ${((3 * n * 1000) / ms).toFixed(1)} tok/s in all, AR one after another ${((3 * n * 1000) / inLineMs).toFixed(1)} tok/s`);
+  }
+  const [s, ...others] = await Promise.all([batch.generate(prompts[1], { ...sampled, mode: 'ar' }), ...[0, 2].map((i) => batch.generate(prompts[i], { mode: 'ar', maxTokens: n }))]);
+  await check(t, same(s, sampledAlone) && same(others[0], alone[0]) && same(others[1], alone[2]), 'sampled AR beside two greedy calls gives its tokens alone for its seed');
+
+  // Five calls on three sequences: two wait, and all five give their output alone.
+  const five = await Promise.all([0, 1, 2, 0, 1].map((i) => batch.generate(prompts[i], { maxTokens: n })));
+  await check(t, five.every((r, j) => same(r, alone[[0, 1, 2, 0, 1][j]])), '5 calls on 3 sequences: each equals its output alone');
+
+  const ctrl = new AbortController();
+  const aborted = codeOf(batch.generate(prompts[0], { maxTokens: 200, signal: ctrl.signal, onToken: () => ctrl.abort() }));
+  const failing = codeOf(batch.generate(prompts[2], { mode: 'ssd', maxTokens: n }));
+  const kept = batch.generate(prompts[1], { maxTokens: n });
+  await check(t, (await aborted) === 'aborted' && (await failing) === 'invalid_argument' && same(await kept, alone[1]),
+    'an aborted call and a refused one (ssd does not batch) leave the third running, exact');
+
+  // OpenAI's n: the choices of one request, in one batch; greedy, each is the single reply.
+  const ask = { messages: [{ role: 'user', content: 'Say hi.' }], max_tokens: 24 };
+  const one = await engine.chat.completions.create(ask);
+  const two = await batch.chat.completions.create({ ...ask, n: 2 });
+  await check(t, two.choices.length === 2 && two.choices.every((c, i) => c.index === i && c.message.content === one.choices[0].message.content)
+    && two.usage.completion_tokens === 2 * one.usage.completion_tokens && two.usage.prompt_tokens === one.usage.prompt_tokens,
+    `chat n: 2 choices, each the single reply; usage counts both (${JSON.stringify(two.usage)})`);
+  const streamed = ['', ''];
+  let usage = null;
+  for await (const c of await batch.chat.completions.create({ ...ask, n: 2, stream: true })) {
+    for (const ch of c.choices) streamed[ch.index] += ch.delta.content ?? '';
+    usage = c.usage ?? usage;
+  }
+  await check(t, streamed.every((text) => text === one.choices[0].message.content) && usage?.completion_tokens === two.usage.completion_tokens,
+    'chat n streamed: each choice\'s chunks make the single reply, and a last chunk has the usage');
+  await check(t, (await codeOf(batch.chat.completions.create({ ...ask, n: 0 }))) === 'invalid_argument', 'chat n 0: invalid_argument');
+  await batch.dispose();
+
+  for (const parallel of [0, LIMITS.maxParallel + 1, 1.5]) {
+    await check(t, (await codeOf(Saguaro.load({ target: bytes }, { parallel }))) === 'invalid_argument', `parallel ${parallel}: invalid_argument`);
+  }
+  await check(t, (await codeOf(Saguaro.load({ target: bytes, draft: bytes }, { parallel: 2, modes: ['ar', 'ssd'] }))) === 'invalid_argument',
+    'parallel 2 with mode ssd: invalid_argument, before the load');
 });
 
 test('errors', async (t) => {

@@ -6,8 +6,8 @@
 // and the text so far, the engine keeps decoding plainly, and a new draft worker takes its place;
 // with SD and SSD prepared the draft is downloaded and held once (the engine worker never reads
 // it), SD through the worker giving the in-process drafter's tokens seed for seed; sampled SSD and
-// SD give the native engine's tokens for their seed; a panic in the engine worker ends its calls
-// rather than hanging them.
+// SD give the native engine's tokens for their seed; an engine with `parallel` runs two calls at
+// once in its worker; a panic in the engine worker ends its calls rather than hanging them.
 // Usage: node --test tests/web/worker.mjs   (after scripts/build-web.sh and cargo build --release
 // --bin saguaro; needs models/)
 import { spawn } from 'node:child_process';
@@ -316,6 +316,26 @@ test('one copy of the draft', async (t) => {
   await check(t, requests['/model.gguf'] === 1, `one file as target and draft is downloaded once (${JSON.stringify(requests)})`);
   await p3.context().close();
   counting.close();
+});
+
+test('parallel: calls at once in the engine worker', async (t) => {
+  // 7. An engine loaded with `parallel` runs calls made together in one batch in its worker (the
+  //    draft there too, for SD): their pieces interleave, and each gives its output alone.
+  const other = 'def fibonacci(n):';
+  const out = await page.evaluate(async ([url, prompts]) => {
+    const { Saguaro } = await import('/pkg/index.js');
+    const alone = [];
+    for (const p of prompts) alone.push((await window.demo.engine.generate(p, { mode: 'ar', maxTokens: 24 })).tokens);
+    const e = await Saguaro.load({ target: url, draft: url }, { backend: 'cpu', parallel: 2 });
+    const order = [];
+    const rs = await Promise.all(prompts.map((p, i) => e.generate(p, { maxTokens: 24, onToken: () => order.push(i) })));
+    const info = e.info;
+    await e.dispose();
+    return { info, alone, together: rs.map((r) => r.tokens), modes: rs.map((r) => r.stats.mode), order: order.join('') };
+  }, [`/${model}`, [prompt, other]]);
+  await check(t, out.info.parallel === 2 && out.info.hasDraft && !out.info.draftWorker, `2 sequences, the draft in the engine worker (${JSON.stringify(out.info)})`);
+  await check(t, JSON.stringify(out.together) === JSON.stringify(out.alone), `2 calls at once (${out.modes}) each equal their AR output alone`);
+  await check(t, out.order.indexOf('1') < out.order.lastIndexOf('0'), `their pieces interleave (${out.order})`);
 });
 
 test('a panic in the engine worker', async (t) => {
