@@ -5,13 +5,13 @@
 //!
 //! A generation's mode is the one asked for, or chosen as it joins from forwards timed at load:
 //! at the batch size it joins, SD at the K with the most tokens per second, or AR where
-//! speculation stops paying (a batch of decodes already keeps the weights' reads busy).
+//! speculation stops paying (a batch of decodes already keeps the weights' reads busy). An SD
+//! generation then chooses each round's K from the acceptance it shows, at the costs of the
+//! batch's size that round.
 //!
 //! [`Engine`]: crate::Engine
 
-use std::collections::HashMap;
-
-use crate::decode::speculation::{AdaptiveK, PRIOR_ACCEPTANCE};
+use crate::decode::speculation::{AdaptiveK, BatchSize, PRIOR_ACCEPTANCE};
 use crate::decode::{time_forwards, Batcher, BoxedSink, Generation, Mode, Request, SpecConfig, MAX_K};
 use crate::engine::{check_vocab, encode, slimming, target_context, Engine, EngineOptions, GenerateOptions, Prompt};
 use crate::error::{Error, Result};
@@ -36,8 +36,8 @@ pub struct Pool {
     batcher: Batcher<'static>,
     has_draft: bool,
     costs: Option<BatchCosts>,
-    /// The mode and K each running generation took.
-    running: HashMap<u64, (Mode, usize)>,
+    /// The batch's size, by which SD's sequences choose each round's K.
+    batch_size: BatchSize,
 }
 
 /// A generation that joined: its id, the mode and K it runs with, its prompt's length.
@@ -95,7 +95,7 @@ impl Pool {
             has_draft: draft_shared.is_some(),
             batcher: Batcher::new(Shared::new(target_lm, context, parallel)?, draft_shared),
             costs,
-            running: HashMap::new(),
+            batch_size: BatchSize::default(),
         })
     }
 
@@ -184,9 +184,11 @@ impl Pool {
             return Err(Error::InvalidArgument(format!("all {} sequences are taken", self.parallel)));
         }
         let mut spec = SpecConfig { k, ..opts.spec.clone().unwrap_or_else(|| self.spec.clone()) };
-        // Chosen here, K follows the acceptance the generation shows, at this batch's costs.
+        // Chosen here, K follows the acceptance the generation shows, at the costs of the batch's
+        // size each round.
         if let (None, None, Some(c)) = (opts.mode, &opts.spec, &self.costs) {
-            spec.adapt = AdaptiveK::new((1..=self.spec.k).map(|k| c.round_ms(batch, k)).collect(), c.acceptance);
+            let table = (1..=self.parallel).map(|b| (1..=self.spec.k).map(|k| c.round_ms(b, k)).collect()).collect();
+            spec.adapt = AdaptiveK::in_batch(table, self.batch_size.clone(), c.acceptance);
         }
         if spec.draft_scratch() > self.spec.draft_scratch() {
             return Err(Error::option("spec", format!("K {k} needs more draft cache than this pool was built for (K {})", self.spec.k)));
@@ -201,21 +203,19 @@ impl Pool {
         };
         let prompt_tokens = req.prompt.len();
         let id = self.batcher.join(req, mode, &spec, sink)?;
-        self.running.insert(id, (mode, k));
         Ok(Joined { id, mode, k, prompt_tokens })
     }
 
     /// Stop generation `id` now, freeing its sequence.
     pub fn cancel(&mut self, id: u64) {
         self.batcher.cancel(id);
-        self.running.remove(&id);
     }
 
     /// One step of every running generation (see [`Batcher::step`]): the ones that ended.
     pub async fn step(&mut self) -> Vec<(u64, Result<Generation>)> {
+        self.batch_size.set(self.batcher.len());
         let done = self.batcher.step().await;
-        for (id, result) in &done {
-            self.running.remove(id);
+        for (_, result) in &done {
             if let (Some(c), Ok(g)) = (&mut self.costs, result) {
                 if let Some(a) = g.stats.acceptance_rate {
                     c.acceptance = 0.8 * c.acceptance + 0.2 * a;

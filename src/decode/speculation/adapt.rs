@@ -4,6 +4,9 @@
 //! and follow it where it changes (code against prose). The output does not depend on K: each
 //! round's verification keeps it the target's whatever the proposal's length.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 /// How many judged draft tokens the assumed acceptance weighs as, against the generation's own:
 /// a few rounds move the estimate, a few dozen settle it.
 const PRIOR_TRIES: f64 = 8.0;
@@ -11,17 +14,54 @@ const PRIOR_TRIES: f64 = 8.0;
 /// The K of each SD round, chosen among those with a known cost.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdaptiveK {
-    /// Expected milliseconds of a round that drafts K tokens and verifies them, K = 1, 2, ...
-    round_ms: Vec<f64>,
+    /// Expected milliseconds of a round that drafts K tokens and verifies them, K = 1, 2, ...;
+    /// in a batch, one such list per batch size.
+    round_ms: Vec<Vec<f64>>,
+    /// In a batch, the sequences in it now (set by whoever steps it): `round_ms[size - 1]` holds.
+    batch: Option<BatchSize>,
     /// Per-token acceptance assumed before any round.
     prior: f64,
+}
+
+/// The size of a batch, shared by its sequences and its scheduler, which updates it each step: a
+/// round's cost depends on how many sequences verify beside it.
+#[derive(Clone, Debug, Default)]
+pub struct BatchSize(Arc<AtomicUsize>);
+
+impl BatchSize {
+    pub fn set(&self, n: usize) {
+        self.0.store(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl PartialEq for BatchSize {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl AdaptiveK {
     /// `round_ms[K - 1]`: what a round drafting K tokens costs; `prior`: the acceptance assumed.
     /// `None` without a round cost.
     pub fn new(round_ms: Vec<f64>, prior: f64) -> Option<AdaptiveK> {
-        (!round_ms.is_empty()).then_some(AdaptiveK { round_ms, prior: prior.clamp(0.0, 1.0) })
+        (!round_ms.is_empty()).then_some(AdaptiveK { round_ms: vec![round_ms], batch: None, prior: prior.clamp(0.0, 1.0) })
+    }
+
+    /// K for a sequence in a batch whose size `batch` follows: `round_ms[b - 1][K - 1]`, what a
+    /// round drafting K tokens costs in a batch of b sequences. `None` without a round cost.
+    pub fn in_batch(round_ms: Vec<Vec<f64>>, batch: BatchSize, prior: f64) -> Option<AdaptiveK> {
+        (!round_ms.is_empty() && round_ms.iter().all(|r| !r.is_empty()))
+            .then_some(AdaptiveK { round_ms, batch: Some(batch), prior: prior.clamp(0.0, 1.0) })
+    }
+
+    /// The round costs at the batch's size now.
+    fn costs(&self) -> &[f64] {
+        let size = self.batch.as_ref().map_or(1, BatchSize::get);
+        &self.round_ms[size.clamp(1, self.round_ms.len()) - 1]
     }
 
     /// The K with the most tokens per millisecond at per-token acceptance `a`: a round drafting
@@ -29,7 +69,7 @@ impl AdaptiveK {
     pub fn best(&self, a: f64) -> usize {
         let mut best = (1, f64::MIN);
         let mut tokens = 1.0;
-        for (i, &ms) in self.round_ms.iter().enumerate() {
+        for (i, &ms) in self.costs().iter().enumerate() {
             tokens += a.powi(i as i32 + 1);
             if tokens / ms > best.1 {
                 best = (i + 1, tokens / ms);
@@ -80,7 +120,7 @@ mod tests {
         assert!(ks[4] >= 5, "{ks:?}");
         // The chosen K is the arithmetic's best: no other K yields more tokens per ms.
         for a in [0.5f64, 0.85] {
-            let rate = |k: usize| (0..=k).map(|i| a.powi(i as i32)).sum::<f64>() / c.round_ms[k - 1];
+            let rate = |k: usize| (0..=k).map(|i| a.powi(i as i32)).sum::<f64>() / c.costs()[k - 1];
             let k = c.best(a);
             assert!((1..=7).all(|j| rate(j) <= rate(k)), "a = {a}: K = {k}");
         }
@@ -98,6 +138,27 @@ mod tests {
         assert!(c.next(2000, 1900) > c.best(0.8));
         // Every proposal rejected at its first token: K = 1.
         assert_eq!(c.next(200, 0), 1);
+    }
+
+    /// Alone, drafting 4 tokens pays; in a batch of 8, where each verified row costs more, a
+    /// sequence's rounds shorten as soon as the batch grows, and lengthen again as it shrinks.
+    #[test]
+    fn in_a_batch_k_follows_its_size() {
+        // A 2 ms draft step and a 20 ms verification, plus 0.5 ms for each row verified.
+        let round = |b: usize, k: usize| 2.0 * k as f64 + 20.0 + 0.5 * (b * (k + 1)) as f64;
+        let table: Vec<Vec<f64>> = (1..=8).map(|b| (1..=6).map(|k| round(b, k)).collect()).collect();
+        let size = BatchSize::default();
+        let adapt = AdaptiveK::in_batch(table, size.clone(), 0.8).unwrap();
+        size.set(1);
+        let alone = adapt.next(0, 0);
+        size.set(8);
+        let batched = adapt.next(0, 0);
+        assert!(alone > batched, "alone K {alone}, in a batch of 8 K {batched}");
+        size.set(1);
+        assert_eq!(adapt.next(0, 0), alone);
+        // A size past the table's costs as its largest.
+        size.set(9);
+        assert_eq!(adapt.next(0, 0), batched);
     }
 
     #[test]

@@ -25,7 +25,7 @@ mod tally;
 mod tree;
 mod verify;
 
-pub use adapt::{judged, AdaptiveK};
+pub use adapt::{judged, AdaptiveK, BatchSize};
 pub use config::{
     check_draft, Backup, Fanout, Fault, NgramConfig, SpecConfig, DEFAULT_CONFIDENCE, DEFAULT_DRAFT_CANDIDATES, DEFAULT_WIDTH,
 };
