@@ -375,7 +375,7 @@ export class Saguaro {
     };
     // With `parallel` above 1 a call joins the engine's batch at once; else one generation runs
     // at a time and later calls wait their turn. dispose() waits for every call made before it.
-    const batched = this.info.parallel > 1;
+    const batched = this.#impl?.info.parallel > 1;
     const p = batched ? run() : this.#queue.then(run, run);
     const settled = p.catch(() => {});
     this.#queue = batched ? Promise.all([this.#queue, settled]) : settled;
