@@ -7,7 +7,8 @@
 //! at the batch size it joins, SD at the K with the most tokens per second, or AR where
 //! speculation stops paying (a batch of decodes already keeps the weights' reads busy). An SD
 //! generation then chooses each round's K from the acceptance it shows, at the costs of the
-//! batch's size that round.
+//! batch's size that round: K = 0, an AR step, where the batch has grown past where speculation
+//! pays.
 //!
 //! [`Engine`]: crate::Engine
 
@@ -187,7 +188,7 @@ impl Pool {
         // Chosen here, K follows the acceptance the generation shows, at the costs of the batch's
         // size each round.
         if let (None, None, Some(c)) = (opts.mode, &opts.spec, &self.costs) {
-            let table = (1..=self.parallel).map(|b| (1..=self.spec.k).map(|k| c.round_ms(b, k)).collect()).collect();
+            let table = (1..=self.parallel).map(|b| (0..=self.spec.k).map(|k| c.round_ms(b, k)).collect()).collect();
             spec.adapt = AdaptiveK::in_batch(table, self.batch_size.clone(), c.acceptance);
         }
         if spec.draft_scratch() > self.spec.draft_scratch() {
@@ -248,7 +249,8 @@ pub struct BatchCosts {
 }
 
 impl BatchCosts {
-    /// An SD round drafting `k` tokens for each of `b` sequences and verifying them all.
+    /// An SD round drafting `k` tokens for each of `b` sequences and verifying them all (`k` = 0:
+    /// an AR step of the batch).
     pub fn round_ms(&self, b: usize, k: usize) -> f64 {
         k as f64 * at(&self.draft, b) + at(&self.target, b * (k + 1))
     }

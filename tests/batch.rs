@@ -1,6 +1,7 @@
 //! Many sequences in one forward (`model::shared`, `decode::batch`): each sequence's output in
 //! any batch, joined at any round beside any others, is the output it gets alone, token for
-//! token, greedy and sampled, AR and SD; a sequence that fails, is cancelled or runs out of room
+//! token, greedy and sampled, AR and SD (an SD sequence also while its rounds follow the batch's
+//! size down to AR steps); a sequence that fails, is cancelled or runs out of room
 //! ends alone and the others run on; the cache's regions bound the batch.
 
 mod common;
@@ -13,6 +14,7 @@ use std::rc::Rc;
 use futures::executor::block_on;
 
 use saguaro::backend::cpu::CpuBackend;
+use saguaro::decode::speculation::{AdaptiveK, BatchSize};
 use saguaro::decode::{generate_ar, generate_sd, Batcher, Backup, FinishReason, Generation, Mode, Request, SpecConfig};
 use saguaro::model::runner::{BoxedLm, Lm, Runner};
 use saguaro::model::shared::{Shared, PREFILL_CHUNK};
@@ -118,6 +120,46 @@ fn greedy_and_sampled_sequences_in_a_batch_equal_their_output_alone() {
         accepted_below_one |= got.stats.acceptance_rate.is_some_and(|a| a < 1.0);
     }
     assert!(accepted_below_one, "the two-layer draft should be rejected sometimes, so rollback runs in the batch");
+}
+
+/// An SD sequence choosing K by the batch's size (as the pool sets it each step): alone it
+/// speculates; once two others join, its rounds are AR steps that draft nothing; when they have
+/// left it speculates again, its draft catching up on the tokens of those steps. Its tokens stay
+/// its greedy tokens alone throughout, and the others' theirs.
+#[test]
+fn an_sd_sequence_decodes_by_ar_steps_while_its_batch_is_large_and_stays_exact() {
+    let m = util::model(util::SMOLLM2);
+    let draft = util::truncated(&m.weights);
+    let p = prompts(&m);
+    // Round costs by batch size and K: alone K = 3 pays; in a batch of 2 or more, K = 0.
+    let table = vec![vec![10.0, 10.5, 11.0, 11.5], vec![10.0, 40.0, 60.0, 80.0], vec![10.0, 40.0, 60.0, 80.0]];
+    let size = BatchSize::default();
+    let adaptive = SpecConfig { adapt: AdaptiveK::in_batch(table, size.clone(), 0.9), ..spec() };
+    let mut batcher = Batcher::new(shared(&m.weights, 3), Some(shared(&draft, 3)));
+    let req = |prompt: &[u32], max_tokens| Request { prompt: prompt.to_vec(), max_tokens, ..Request::default() };
+    let sd = batcher.join(req(&p[0], 40), Mode::Sd, &adaptive, Box::new(|_| true)).unwrap();
+    let mut done = BTreeMap::new();
+    let mut others = Vec::new();
+    for step in 0..200 {
+        if step == 3 {
+            others = [(1, 8), (2, 10)].iter().map(|&(i, n)| batcher.join(req(&p[i], n), Mode::Ar, &spec(), Box::new(|_| true)).unwrap()).collect();
+        }
+        size.set(batcher.len());
+        done.extend(block_on(batcher.step()));
+        if batcher.is_empty() {
+            break;
+        }
+    }
+    let got = done.remove(&sd).unwrap().unwrap();
+    assert_eq!(got.tokens, alone(&m.weights, &draft, &req(&p[0], 40), Mode::Ar).tokens);
+    let proposed: Vec<usize> = got.stats.timeline.as_ref().unwrap().iter().map(|r| r.proposed).collect();
+    let first_ar = proposed.iter().position(|&k| k == 0).expect("AR steps while the batch was large");
+    assert!(proposed[..first_ar].iter().any(|&k| k > 0), "speculation before the others joined: {proposed:?}");
+    // The last round may be cut short by max_tokens: speculation resumes before it.
+    assert!(proposed[first_ar..proposed.len() - 1].iter().any(|&k| k > 0), "speculation again once they left: {proposed:?}");
+    for (id, (i, n)) in others.into_iter().zip([(1, 8), (2, 10)]) {
+        assert_eq!(done[&id].as_ref().unwrap().tokens, alone(&m.weights, &draft, &req(&p[i], n), Mode::Ar).tokens);
+    }
 }
 
 #[test]

@@ -14,9 +14,12 @@ const PRIOR_TRIES: f64 = 8.0;
 /// The K of each SD round, chosen among those with a known cost.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdaptiveK {
-    /// Expected milliseconds of a round that drafts K tokens and verifies them, K = 1, 2, ...;
-    /// in a batch, one such list per batch size.
+    /// Expected milliseconds of a round that drafts K tokens and verifies them, K = `first_k`,
+    /// `first_k` + 1, ...; in a batch, one such list per batch size.
     round_ms: Vec<Vec<f64>>,
+    /// 1, or 0 in a batch: a round of K = 0 drafts nothing and decodes the target's next token
+    /// alone, as AR would (the draft catches up on those tokens in its next round that drafts).
+    first_k: usize,
     /// In a batch, the sequences in it now (set by whoever steps it): `round_ms[size - 1]` holds.
     batch: Option<BatchSize>,
     /// Per-token acceptance assumed before any round.
@@ -48,14 +51,16 @@ impl AdaptiveK {
     /// `round_ms[K - 1]`: what a round drafting K tokens costs; `prior`: the acceptance assumed.
     /// `None` without a round cost.
     pub fn new(round_ms: Vec<f64>, prior: f64) -> Option<AdaptiveK> {
-        (!round_ms.is_empty()).then_some(AdaptiveK { round_ms: vec![round_ms], batch: None, prior: prior.clamp(0.0, 1.0) })
+        (!round_ms.is_empty()).then_some(AdaptiveK { round_ms: vec![round_ms], first_k: 1, batch: None, prior: prior.clamp(0.0, 1.0) })
     }
 
-    /// K for a sequence in a batch whose size `batch` follows: `round_ms[b - 1][K - 1]`, what a
-    /// round drafting K tokens costs in a batch of b sequences. `None` without a round cost.
+    /// K for a sequence in a batch whose size `batch` follows: `round_ms[b - 1][K]`, what a
+    /// round drafting K tokens (K = 0: none, an AR step) costs in a batch of b sequences. Where
+    /// the batch is large enough that speculation stops paying, K is 0. `None` without a round
+    /// cost.
     pub fn in_batch(round_ms: Vec<Vec<f64>>, batch: BatchSize, prior: f64) -> Option<AdaptiveK> {
         (!round_ms.is_empty() && round_ms.iter().all(|r| !r.is_empty()))
-            .then_some(AdaptiveK { round_ms, batch: Some(batch), prior: prior.clamp(0.0, 1.0) })
+            .then_some(AdaptiveK { round_ms, first_k: 0, batch: Some(batch), prior: prior.clamp(0.0, 1.0) })
     }
 
     /// The round costs at the batch's size now.
@@ -67,12 +72,12 @@ impl AdaptiveK {
     /// The K with the most tokens per millisecond at per-token acceptance `a`: a round drafting
     /// K tokens commits `1 + a + ... + a^K` on average.
     pub fn best(&self, a: f64) -> usize {
-        let mut best = (1, f64::MIN);
-        let mut tokens = 1.0;
+        let mut best = (self.first_k, f64::MIN);
         for (i, &ms) in self.costs().iter().enumerate() {
-            tokens += a.powi(i as i32 + 1);
+            let k = self.first_k + i;
+            let tokens: f64 = (0..=k).map(|j| a.powi(j as i32)).sum();
             if tokens / ms > best.1 {
-                best = (i + 1, tokens / ms);
+                best = (k, tokens / ms);
             }
         }
         best.0
@@ -140,25 +145,28 @@ mod tests {
         assert_eq!(c.next(200, 0), 1);
     }
 
-    /// Alone, drafting 4 tokens pays; in a batch of 8, where each verified row costs more, a
-    /// sequence's rounds shorten as soon as the batch grows, and lengthen again as it shrinks.
+    /// A sequence's rounds shorten as the batch grows, down to AR steps where speculation stops
+    /// paying, and lengthen again as it shrinks.
     #[test]
     fn in_a_batch_k_follows_its_size() {
-        // A 2 ms draft step and a 20 ms verification, plus 0.5 ms for each row verified.
-        let round = |b: usize, k: usize| 2.0 * k as f64 + 20.0 + 0.5 * (b * (k + 1)) as f64;
-        let table: Vec<Vec<f64>> = (1..=8).map(|b| (1..=6).map(|k| round(b, k)).collect()).collect();
+        // A 2 ms draft step and a 20 ms verification, plus 0.5 ms for each row verified, and
+        // past 16 rows 4 ms more for each (the forward no longer bound by the weights' reads).
+        let verify = |rows: usize| 20.0 + 0.5 * rows as f64 + 4.0 * rows.saturating_sub(16) as f64;
+        let round = |b: usize, k: usize| 2.0 * k as f64 + verify(b * (k + 1));
+        let table: Vec<Vec<f64>> = (1..=16).map(|b| (0..=6).map(|k| round(b, k)).collect()).collect();
         let size = BatchSize::default();
         let adapt = AdaptiveK::in_batch(table, size.clone(), 0.8).unwrap();
-        size.set(1);
-        let alone = adapt.next(0, 0);
-        size.set(8);
-        let batched = adapt.next(0, 0);
-        assert!(alone > batched, "alone K {alone}, in a batch of 8 K {batched}");
-        size.set(1);
-        assert_eq!(adapt.next(0, 0), alone);
+        let at = |n| {
+            size.set(n);
+            adapt.next(0, 0)
+        };
+        let (alone, four, sixteen) = (at(1), at(4), at(16));
+        assert!(alone > four && four > 0, "K alone {alone}, in a batch of 4 {four}");
+        // At 16 sequences any speculation verifies past 16 rows: the rounds decode by AR.
+        assert_eq!(sixteen, 0);
+        assert_eq!(at(1), alone);
         // A size past the table's costs as its largest.
-        size.set(9);
-        assert_eq!(adapt.next(0, 0), batched);
+        assert_eq!(at(17), 0);
     }
 
     #[test]
