@@ -14,7 +14,7 @@ use wasm_bindgen_futures::{future_to_promise, spawn_local};
 
 use super::{channel, completion_js, install_panic_hook, js_error, js_error_with, options, to_js, wasm_memory_bytes, ModelBuffer};
 use crate::contract::{EngineInfo, GenerateOpts, LoadOpts};
-use crate::decode::{BoxedSink, Generation, Mode};
+use crate::decode::{BoxedSink, FinishReason, Generation, Mode, Stats};
 use crate::engine::{GenerateOptions, Prompt};
 use crate::error::ErrorCode;
 use crate::model::tokenizer::{StreamDecoder, Tokenizer};
@@ -38,6 +38,8 @@ struct State {
     driving: Cell<bool>,
     /// Set when JS frees the engine: what runs or waits then fails.
     closed: Cell<bool>,
+    /// What [`WasmPool::info`] reports, as of the last step (the pool is taken while one runs).
+    info: RefCell<EngineInfo>,
 }
 
 /// A call before it joins.
@@ -77,6 +79,7 @@ impl WasmPool {
             let pool = Pool::load(target.parse()?, draft, &engine_opts, parallel).await.map_err(|e| js_error(&e))?;
             let state = State {
                 tokenizer: Rc::new(pool.tokenizer().clone()),
+                info: RefCell::new(info_of(&pool)),
                 pool: RefCell::new(Some(pool)),
                 waiting: RefCell::default(),
                 running: RefCell::default(),
@@ -90,24 +93,9 @@ impl WasmPool {
     /// What was loaded ([`super::WasmEngine::info`]'s fields); `defaultMode` is the mode a lone
     /// call takes.
     pub fn info(&self) -> Result<JsValue, JsValue> {
-        let pool = self.state.pool.borrow();
-        // Taken only while a step runs, which a call from JS never sees.
-        let pool = pool.as_ref().ok_or_else(|| js_error_with(ErrorCode::Internal, "the engine is stepping"))?;
-        let config = pool.target_config();
-        let (target_backend, draft_device) = pool.backends();
-        let tok = pool.tokenizer();
-        to_js(&EngineInfo {
-            target_backend,
-            draft_device,
-            threads: crate::backend::cpu::pool::shared_threads(),
-            has_draft: pool.has_draft(),
-            default_mode: pool.choose(1).0.to_string(),
-            vocab_size: config.vocab_size,
-            context_length: config.context_length,
-            stop_texts: tok.eos_ids().iter().filter_map(|&id| tok.id_to_token(id)).collect(),
-            wasm_memory_bytes: wasm_memory_bytes(),
-            parallel: pool.parallel(),
-        })
+        let mut info = self.state.info.borrow_mut();
+        info.wasm_memory_bytes = wasm_memory_bytes();
+        to_js(&*info)
     }
 
     /// Generate, as [`super::WasmEngine::generate`] does, in the batch of every call running.
@@ -130,6 +118,24 @@ impl WasmPool {
     }
 }
 
+fn info_of(pool: &Pool) -> EngineInfo {
+    let config = pool.target_config();
+    let (target_backend, draft_device) = pool.backends();
+    let tok = pool.tokenizer();
+    EngineInfo {
+        target_backend,
+        draft_device,
+        threads: crate::backend::cpu::pool::shared_threads(),
+        has_draft: pool.has_draft(),
+        default_mode: pool.choose(1).0.to_string(),
+        vocab_size: config.vocab_size,
+        context_length: config.context_length,
+        stop_texts: tok.eos_ids().iter().filter_map(|&id| tok.id_to_token(id)).collect(),
+        wasm_memory_bytes: wasm_memory_bytes(),
+        parallel: pool.parallel(),
+    }
+}
+
 impl Drop for WasmPool {
     fn drop(&mut self) {
         self.state.closed.set(true);
@@ -149,6 +155,7 @@ async fn drive(state: Rc<State>) {
             break;
         }
         let done = pool.step().await;
+        *state.info.borrow_mut() = info_of(&pool);
         *state.pool.borrow_mut() = Some(pool);
         for (id, result) in done {
             if let Some(ending) = state.running.borrow_mut().remove(&id) {
@@ -182,6 +189,19 @@ fn join_waiting(state: &State, pool: &mut Pool) {
     let mut arrivals = Vec::new();
     let mut endings = Vec::new();
     for call in calls {
+        // A call aborted while it waited for a sequence takes none.
+        match call.on_text.call2(&JsValue::NULL, &"".into(), &0.into()) {
+            Ok(v) if v.as_bool() == Some(false) => {
+                let cancelled = Completion { text: String::new(), tokens: Vec::new(), prompt_tokens: 0, finish: FinishReason::Cancelled, stats: Stats::default(), tool_calls: Vec::new() };
+                let _ = call.done.send(completion_js(&cancelled));
+                continue;
+            }
+            Err(e) => {
+                let _ = call.done.send(Err(e));
+                continue;
+            }
+            Ok(_) => {}
+        }
         let decoder = Rc::new(RefCell::new(StreamDecoder::new(state.tokenizer.clone())));
         let failure = Rc::new(RefCell::new(None));
         let sink = text_sink(decoder.clone(), failure.clone(), call.on_text.clone());

@@ -246,6 +246,14 @@ test('parallel: concurrent calls in one batch', async (t) => {
   const five = await Promise.all([0, 1, 2, 0, 1].map((i) => batch.generate(prompts[i], { maxTokens: n })));
   await check(t, five.every((r, j) => same(r, alone[[0, 1, 2, 0, 1][j]])), '5 calls on 3 sequences: each equals its output alone');
 
+  // A call aborted while it waits for a sequence never runs.
+  const busy = prompts.map((p) => batch.generate(p, { mode: 'ar', maxTokens: n }));
+  const leave = new AbortController();
+  const left = batch.generate(prompts[0], { maxTokens: n, signal: leave.signal }).catch((e) => e);
+  leave.abort();
+  const [w] = [await left, await Promise.all(busy)];
+  await check(t, w.code === 'aborted' && w.partial?.tokens?.length === 0, `a call aborted while it waits: aborted, nothing generated (${w.code}, ${w.partial?.tokens?.length})`);
+
   const ctrl = new AbortController();
   const aborted = codeOf(batch.generate(prompts[0], { maxTokens: 200, signal: ctrl.signal, onToken: () => ctrl.abort() }));
   const failing = codeOf(batch.generate(prompts[2], { mode: 'ssd', maxTokens: n }));
