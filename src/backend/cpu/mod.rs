@@ -48,6 +48,21 @@ pub struct Cache {
     capacity: usize,
 }
 
+/// `n` zeros, allocated zeroed (so the OS maps their pages only as they are written); `None`
+/// where the allocator has no room for them.
+fn zeroed(n: usize) -> Option<Vec<f32>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
+    // SAFETY: the layout is non-zero in size; a non-null pointer from `alloc_zeroed` with it holds
+    // `n` f32s whose all-zero bits are 0.0, owned by the Vec with that capacity from here on.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout).cast::<f32>();
+        (!p.is_null()).then(|| Vec::from_raw_parts(p, n, n))
+    }
+}
+
 pub struct CpuBackend {
     pool: Pool,
     precision: Precision,
@@ -106,7 +121,23 @@ impl Backend for CpuBackend {
     }
 
     fn new_cache(&self, n_layers: usize, capacity: usize, kv_dim: usize) -> Result<Cache> {
-        Ok(Cache { k: vec![Vec::new(); n_layers], v: vec![Vec::new(); n_layers], kv_dim, capacity })
+        // Natively the whole cache is allocated zeroed at once: the OS maps its pages as they are
+        // first written, so unused slots cost nothing, and a sequence in a far region of a shared
+        // cache never makes it grow mid-generation (which zeroed every region below and copied the
+        // cache: seconds at the first use of a pool's last regions). In wasm memory, which never
+        // shrinks and counts toward its 4 GiB, the cache grows with the slots written.
+        let slots = if cfg!(target_arch = "wasm32") { 0 } else { capacity };
+        let layer = || {
+            zeroed(slots.saturating_mul(kv_dim)).ok_or_else(|| {
+                Error::OutOfMemory(format!("a KV cache of {capacity} slots x {kv_dim} values per layer does not fit in memory"))
+            })
+        };
+        Ok(Cache {
+            k: (0..n_layers).map(|_| layer()).collect::<Result<_>>()?,
+            v: (0..n_layers).map(|_| layer()).collect::<Result<_>>()?,
+            kv_dim,
+            capacity,
+        })
     }
 
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Tensor> {
