@@ -308,7 +308,7 @@ pub const DEFAULT_DRAFT_HEAD: Option<usize> = Some(65_536);
 
 /// The per-token acceptance of a generation's rounds (accepted over judged draft tokens, see
 /// [`judged`]) and the K most of them drafted (the longer of two as common), if it ran any.
-fn rounds_seen(rounds: &[RoundTimes]) -> Option<(f64, usize)> {
+pub(crate) fn rounds_seen(rounds: &[RoundTimes]) -> Option<(f64, usize)> {
     let judged_tokens: usize = rounds.iter().map(|r| judged(r.proposed, r.accepted)).sum();
     let accepted: usize = rounds.iter().map(|r| r.accepted).sum();
     let mut drafted = [0usize; 65];

@@ -14,7 +14,7 @@
 
 use crate::decode::speculation::{AdaptiveK, BatchSize, PRIOR_ACCEPTANCE};
 use crate::decode::{time_forwards, Batcher, BoxedSink, Generation, Mode, Request, SpecConfig, MAX_K};
-use crate::engine::{check_vocab, encode, slimming, target_context, Engine, EngineOptions, GenerateOptions, Prompt};
+use crate::engine::{check_vocab, encode, rounds_seen, slimming, target_context, Engine, EngineOptions, GenerateOptions, Prompt};
 use crate::error::{Error, Result};
 use crate::grammar::Vocabulary;
 use crate::model::load::ModelFile;
@@ -218,7 +218,9 @@ impl Pool {
         let done = self.batcher.step().await;
         for (_, result) in &done {
             if let (Some(c), Ok(g)) = (&mut self.costs, result) {
-                if let Some(a) = g.stats.acceptance_rate {
+                // The per-token acceptance the choice reckons with (accepted over judged draft
+                // tokens), not the share of proposed tokens accepted, which a longer K lowers.
+                if let Some((a, _)) = g.stats.timeline.as_deref().and_then(rounds_seen) {
                     c.acceptance = 0.8 * c.acceptance + 0.2 * a;
                 }
             }
