@@ -753,17 +753,13 @@ impl Engine {
         }
         let mut sink = |toks: &[u32]| {
             partial.extend_from_slice(toks);
-            let mut text = String::new();
-            for &t in toks {
-                match stream.push(t) {
-                    Ok(s) => text += &s,
-                    Err(e) => {
-                        stream_err = Some(e);
-                        return false;
-                    }
+            match stream.push_all(toks) {
+                Ok(text) => on_text(&text, toks.len()),
+                Err(e) => {
+                    stream_err = Some(e);
+                    false
                 }
             }
-            on_text(&text, toks.len())
         };
         let run = Run { target: self.target.as_mut(), req: &req, spec: &spec, sink: &mut sink };
         let g = match self.strategies[at].generate(run).await {

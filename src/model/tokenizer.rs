@@ -461,6 +461,11 @@ impl Tokenizer {
         self.bos_id.and_then(|id| self.id_to_token(id))
     }
 
+    /// The text of each token that ends generation.
+    pub fn eos_texts(&self) -> Vec<String> {
+        self.eos_ids.iter().filter_map(|&id| self.id_to_token(id)).collect()
+    }
+
     pub fn eos_token(&self) -> Option<String> {
         self.eos_ids.first().and_then(|&id| self.id_to_token(id))
     }
@@ -496,6 +501,15 @@ impl<T: Borrow<Tokenizer>> StreamDecoder<T> {
         self.emitted = self.ids.len();
         self.prefix = self.tok.borrow().decode(&self.ids)?;
         Ok(new)
+    }
+
+    /// [`StreamDecoder::push`] of each of `ids`: their complete text.
+    pub fn push_all(&mut self, ids: &[u32]) -> Result<String> {
+        let mut text = String::new();
+        for &id in ids {
+            text += &self.push(id)?;
+        }
+        Ok(text)
     }
 
     /// Whatever is still held back, incomplete characters included (as U+FFFD).

@@ -39,7 +39,7 @@ use web_sys::MessagePort;
 use crate::decode::ssd::Job;
 use crate::decode::{DraftHost, DraftWorker};
 use crate::engine::{Device, Engine, Target};
-use crate::contract::{self, EngineInfo, GenerateOpts, LoadOpts, ServerTarget, MAX_MODEL_BYTES};
+use crate::contract::{self, EngineInfo, LoadOpts, ServerTarget, MAX_MODEL_BYTES};
 use crate::error::{Error, ErrorCode};
 use crate::model::load::{from_gguf_parts, ModelFile};
 use crate::model::runner::BoxedLm;
@@ -460,7 +460,7 @@ impl WasmEngine {
                 default_mode: engine.default_mode().to_string(),
                 vocab_size: c.vocab_size,
                 context_length: c.context_length,
-                stop_texts: engine.tokenizer().eos_ids().iter().filter_map(|&id| engine.tokenizer().id_to_token(id)).collect(),
+                stop_texts: engine.tokenizer().eos_texts(),
                 wasm_memory_bytes: wasm_memory_bytes(),
                 parallel: 1,
             }
@@ -476,9 +476,7 @@ impl WasmEngine {
     pub fn generate(&self, prompt: JsValue, opts: JsValue, on_text: Function) -> Promise {
         let engine = self.engine.clone();
         future_to_promise(async move {
-            let opts: GenerateOpts = options::parse(opts)?;
-            let prompt = options::prompt(prompt, opts.chat)?;
-            let gen_opts = opts.generate_options()?;
+            let (prompt, gen_opts) = options::generate_call(prompt, opts)?;
             let mut held = engine.take()?;
             let mut callback_error = None;
             let completion = held

@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 
 use super::js_error_with;
-use crate::contract::Invalid;
-use crate::engine::Prompt;
+use crate::contract::{GenerateOpts, Invalid};
+use crate::engine::{GenerateOptions, Prompt};
 use crate::error::ErrorCode;
 use crate::model::config::ModelConfig;
 use crate::model::tokenizer::ChatMessage;
@@ -70,4 +70,10 @@ pub struct DraftInfo {
     /// Its backend's name, e.g. "gpu (SwiftShader …)".
     #[serde(default)]
     pub device: Option<String>,
+}
+
+/// A generate call's prompt and options (`opts` as [`GenerateOpts`] takes them).
+pub fn generate_call(prompt_js: JsValue, opts: JsValue) -> Result<(Prompt, GenerateOptions), JsValue> {
+    let opts: GenerateOpts = parse(opts)?;
+    Ok((prompt(prompt_js, opts.chat)?, opts.generate_options()?))
 }

@@ -13,7 +13,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, spawn_local};
 
 use super::{channel, completion_js, install_panic_hook, js_error, js_error_with, options, to_js, wasm_memory_bytes, ModelBuffer};
-use crate::contract::{EngineInfo, GenerateOpts, LoadOpts};
+use crate::contract::{EngineInfo, LoadOpts};
 use crate::decode::{BoxedSink, FinishReason, Generation, Mode, Stats};
 use crate::engine::{GenerateOptions, Prompt};
 use crate::error::ErrorCode;
@@ -102,9 +102,7 @@ impl WasmPool {
     pub fn generate(&self, prompt: JsValue, opts: JsValue, on_text: Function) -> Promise {
         let state = self.state.clone();
         future_to_promise(async move {
-            let opts: GenerateOpts = options::parse(opts)?;
-            let prompt = options::prompt(prompt, opts.chat)?;
-            let opts = opts.generate_options()?;
+            let (prompt, opts) = options::generate_call(prompt, opts)?;
             if state.closed.get() {
                 return Err(disposed());
             }
@@ -121,7 +119,6 @@ impl WasmPool {
 fn info_of(pool: &Pool) -> EngineInfo {
     let config = pool.target_config();
     let (target_backend, draft_device) = pool.backends();
-    let tok = pool.tokenizer();
     EngineInfo {
         target_backend,
         draft_device,
@@ -130,7 +127,7 @@ fn info_of(pool: &Pool) -> EngineInfo {
         default_mode: pool.choose(1).0.to_string(),
         vocab_size: config.vocab_size,
         context_length: config.context_length,
-        stop_texts: tok.eos_ids().iter().filter_map(|&id| tok.id_to_token(id)).collect(),
+        stop_texts: pool.tokenizer().eos_texts(),
         wasm_memory_bytes: wasm_memory_bytes(),
         parallel: pool.parallel(),
     }
@@ -223,16 +220,13 @@ fn join_waiting(state: &State, pool: &mut Pool) {
 /// or failing, stops the generation.
 fn text_sink(decoder: Rc<RefCell<StreamDecoder<Rc<Tokenizer>>>>, failure: Rc<RefCell<Option<JsValue>>>, on_text: Function) -> BoxedSink<'static> {
     Box::new(move |tokens: &[u32]| {
-        let mut text = String::new();
-        for &t in tokens {
-            match decoder.borrow_mut().push(t) {
-                Ok(piece) => text += &piece,
-                Err(e) => {
-                    *failure.borrow_mut() = Some(js_error(&e));
-                    return false;
-                }
+        let text = match decoder.borrow_mut().push_all(tokens) {
+            Ok(text) => text,
+            Err(e) => {
+                *failure.borrow_mut() = Some(js_error(&e));
+                return false;
             }
-        }
+        };
         match on_text.call2(&JsValue::NULL, &text.into(), &(tokens.len() as u32).into()) {
             Ok(v) => v.as_bool() != Some(false),
             Err(e) => {
